@@ -1,0 +1,248 @@
+"""The neutral dependency DAG every planner, the simulator and the dumps work on.
+
+Nodes are numbered 0..n-1 in the order of the graph they were built from (a valid topological order).
+Edges are data or mutation dependencies only.  The issue order of collectives inside one process group is
+not an edge: it is a constraint (``Dag.group_sequences``) that reordering must keep so that every rank issues
+the same collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+
+class NodeKind(str, enum.Enum):
+    COMPUTE = "compute"
+    COLLECTIVE = "collective"
+    WAIT = "wait"
+
+
+class CollectiveOp(str, enum.Enum):
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+    ALL_TO_ALL = "all_to_all"
+    OTHER = "other"  # broadcast, send/recv, barrier, ...: never moved across, never bucketed
+
+
+@dataclass
+class DagNode:
+    """One node of the DAG.
+
+    ``comm_bytes`` is the payload the collective moves in NCCL's convention: the full (gathered) size for an
+    all-gather, the full (pre-scatter) input for a reduce-scatter, the buffer size for an all-reduce.
+    ``out_bytes`` is what the node allocates; a node whose output is a view of another node's buffer (a wait
+    aliases its collective's output) has ``alias_of`` set and allocates nothing itself.
+    """
+
+    name: str
+    kind: NodeKind
+    op: str = ""
+    collective: CollectiveOp | None = None
+    group_name: str | None = None
+    group_size: int | None = None
+    group_ranks: tuple[int, ...] | None = None
+    comm_bytes: int = 0
+    in_bytes: int = 0
+    out_bytes: int = 0
+    dtype: str | None = None
+    flops: float = 0.0
+    alias_of: int | None = None
+    collective_of: int | None = None  # for a wait: the index of its collective
+    is_output: bool = False  # its buffer is a graph output: alive until the end
+    fsdp: bool = False  # an all-gather of a parameter shard / reduce-scatter of a gradient
+    module_fqn: str | None = None
+    param_fqn: str | None = None
+    origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
+
+
+class Dag:
+    """A plain DAG over ``DagNode``s with integer ids, adjacency lists and reachability queries."""
+
+    def __init__(self, nodes: Sequence[DagNode], edges: Iterable[tuple[int, int]]):
+        self.nodes: list[DagNode] = list(nodes)
+        n = len(self.nodes)
+        preds: list[set[int]] = [set() for _ in range(n)]
+        for src, dst in edges:
+            if src == dst:
+                continue
+            if not (0 <= src < n and 0 <= dst < n):
+                raise ValueError(f"edge ({src}, {dst}) names a node outside 0..{n - 1}")
+            preds[dst].add(src)
+        self.preds: list[list[int]] = [sorted(p) for p in preds]
+        self.succs: list[list[int]] = [[] for _ in range(n)]
+        for dst, ps in enumerate(self.preds):
+            for src in ps:
+                self.succs[src].append(dst)
+        self.index: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.name in self.index:
+                raise ValueError(f"duplicate node name {node.name!r}")
+            self.index[node.name] = i
+        self._topo_rank = _topological_rank(self.preds, self.succs)
+        self._reach_cache: dict[int, int] = {}
+
+    # -- basic access -------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[DagNode]:
+        return iter(self.nodes)
+
+    def __getitem__(self, i: int) -> DagNode:
+        return self.nodes[i]
+
+    def edges(self) -> Iterator[tuple[int, int]]:
+        for dst, ps in enumerate(self.preds):
+            for src in ps:
+                yield src, dst
+
+    def collectives(self) -> list[int]:
+        return [i for i, n in enumerate(self.nodes) if n.kind is NodeKind.COLLECTIVE]
+
+    def waits_of(self, collective: int) -> list[int]:
+        return [s for s in self.succs[collective] if self.nodes[s].kind is NodeKind.WAIT]
+
+    def group_sequences(self) -> dict[str, list[int]]:
+        """Per process group, its collectives in the graph's issue order (node index order)."""
+        seqs: dict[str, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            if node.kind is NodeKind.COLLECTIVE:
+                seqs.setdefault(node.group_name or "?", []).append(i)
+        return seqs
+
+    # -- reachability ------------------------------------------------------------------------------------
+    def reaches(self, src: int, dst: int) -> bool:
+        """True if there is a path src -> ... -> dst (src != dst).
+
+        A DFS from ``src`` that never enters a node ranked at or after ``dst`` in topological order: the
+        search stays inside the window between the two nodes instead of walking the whole graph.
+        """
+        if src == dst:
+            return False
+        rank = self._topo_rank
+        limit = rank[dst]
+        if rank[src] >= limit:
+            return False
+        stack = [src]
+        seen = {src}
+        succs = self.succs
+        while stack:
+            u = stack.pop()
+            for v in succs[u]:
+                if v == dst:
+                    return True
+                if v not in seen and rank[v] < limit:
+                    seen.add(v)
+                    stack.append(v)
+        return False
+
+    def ancestors_mask(self, i: int) -> int:
+        """Ancestors of ``i`` as a bitset (Python int), memoised; built in topological order in O(V+E)."""
+        cached = self._reach_cache.get(i)
+        if cached is not None:
+            return cached
+        # iterative post-order so 100k-node chains do not hit the recursion limit
+        stack: list[tuple[int, bool]] = [(i, False)]
+        cache = self._reach_cache
+        while stack:
+            u, expanded = stack.pop()
+            if u in cache:
+                continue
+            if expanded:
+                mask = 0
+                for p in self.preds[u]:
+                    mask |= cache[p] | (1 << p)
+                cache[u] = mask
+            else:
+                stack.append((u, True))
+                stack.extend((p, False) for p in self.preds[u] if p not in cache)
+        return cache[i]
+
+    def topological_order(self) -> list[int]:
+        return sorted(range(len(self.nodes)), key=self._topo_rank.__getitem__)
+
+    # -- order checks -------------------------------------------------------------------------------------
+    def order_violations(self, order: Sequence[int], limit: int = 10) -> list[str]:
+        """Why ``order`` is not a valid schedule of this DAG (empty when it is).
+
+        Checks that it is a permutation, that every edge points forward, and that each process group issues
+        its collectives in the original sequence.
+        """
+        problems: list[str] = []
+        n = len(self.nodes)
+        if len(order) != n or sorted(order) != list(range(n)):
+            missing = set(range(n)) - set(order)
+            extra = len(order) - len(set(order))
+            problems.append(
+                f"not a permutation of the {n} nodes: {len(order)} entries, "
+                f"{len(missing)} missing, {extra} duplicated"
+            )
+            return problems
+        pos = [0] * n
+        for p, i in enumerate(order):
+            pos[i] = p
+        for src, dst in self.edges():
+            if pos[src] > pos[dst]:
+                problems.append(f"{self.nodes[dst].name} is placed before its input {self.nodes[src].name}")
+                if len(problems) >= limit:
+                    return problems
+        for group, seq in self.group_sequences().items():
+            placed = sorted(seq, key=pos.__getitem__)
+            if placed != seq:
+                first = next(k for k in range(len(seq)) if placed[k] != seq[k])
+                problems.append(
+                    f"process group {group!r}: collective {self.nodes[placed[first]].name} is issued before "
+                    f"{self.nodes[seq[first]].name}, changing the group's collective order"
+                )
+                if len(problems) >= limit:
+                    return problems
+        return problems
+
+    # -- export ---------------------------------------------------------------------------------------------
+    def to_networkx(self):  # -> networkx.DiGraph
+        import networkx as nx
+
+        g = nx.DiGraph()
+        for i, node in enumerate(self.nodes):
+            g.add_node(i, **{k: v for k, v in vars(node).items() if k != "origin"})
+        g.add_edges_from(self.edges())
+        return g
+
+    def to_dot(self, name: str = "dag") -> str:
+        colours = {NodeKind.COLLECTIVE: "#f4a261", NodeKind.WAIT: "#e9c46a", NodeKind.COMPUTE: "#ffffff"}
+        lines = [f'digraph "{name}" {{', "  node [shape=box, style=filled, fontname=monospace];"]
+        for i, node in enumerate(self.nodes):
+            label = node.name if node.kind is NodeKind.COMPUTE else f"{node.name}\\n{node.collective or 'wait'}"
+            if node.group_name is not None:
+                label += f"\\npg={node.group_name}"
+            lines.append(f'  n{i} [label="{label}", fillcolor="{colours[node.kind]}"];')
+        for src, dst in self.edges():
+            lines.append(f"  n{src} -> n{dst};")
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
+    """Kahn's algorithm, ties broken by node index so the result is deterministic; raises on a cycle."""
+    import heapq
+
+    n = len(preds)
+    indeg = [len(p) for p in preds]
+    ready = [i for i in range(n) if indeg[i] == 0]
+    heapq.heapify(ready)
+    rank = [0] * n
+    k = 0
+    while ready:
+        u = heapq.heappop(ready)
+        rank[u] = k
+        k += 1
+        for v in succs[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ready, v)
+    if k != n:
+        raise ValueError(f"dependency graph has a cycle through {n - k} nodes")
+    return rank

@@ -1,0 +1,185 @@
+"""``Options``: every knob of the passes, validated in one place.
+
+Each field can be overridden by an environment variable ``FSDP_PASSES_<FIELD NAME IN CAPITALS>`` read at
+``enable()`` time (e.g. ``FSDP_PASSES_BUCKETING=none``, ``FSDP_PASSES_MEMORY_BUDGET=2GB``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+BUCKETING_MODES = ("auto", "manual", "none")
+ENV_PREFIX = "FSDP_PASSES_"
+
+BucketPlan = list  # list[str | list[str]]: module FQN patterns, see bucketing.manual
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the passes do.  See docs/user-guide.md for each option in full.
+
+    bucketing: "auto" (cost-model planner), "manual" (``bucket_plan``) or "none".
+    bucket_plan: module FQN patterns for ``bucketing="manual"``; ``"layers.[0-3]"`` is one bucket per
+        layer, a nested list is one bucket.
+    bucket_cap_mb: largest bucket the auto planner builds, in MiB of gathered / pre-scatter payload.
+    bucket_non_fsdp: also bucket collectives that are not FSDP parameter gathers / gradient reductions.
+    reorder: run the scheduling pass (prefetch all-gathers, sink waits).
+    cluster: name of a shipped cluster profile or a mapping of profile values.
+    calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``).
+    memory_budget: extra peak memory the passes may add over the unplanned graph: bytes (int), a size
+        string ("512MB", "2GiB") or a percentage of the baseline peak ("5%").
+    max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
+    debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
+    strict: raise instead of warning and falling back when a pass fails.
+    """
+
+    bucketing: str = "auto"
+    bucket_plan: BucketPlan | None = None
+    bucket_cap_mb: float | None = None
+    bucket_non_fsdp: bool = False
+    reorder: bool = True
+    cluster: Union[str, Mapping[str, Any]] = "h100-nvlink"
+    calibration: str | None = None
+    memory_budget: Union[int, str] = "5%"
+    max_prefetch: int | None = None
+    debug_dir: str | None = None
+    strict: bool = False
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "Options":
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able form, stable across runs (used in cache keys and dumps)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, Mapping):
+                value = dict(sorted(value.items()))
+            out[f.name] = value
+        return out
+
+    def memory_budget_bytes(self, baseline_peak: int) -> int:
+        """The budget in bytes for a graph whose unplanned peak memory is ``baseline_peak``."""
+        return parse_memory_budget(self.memory_budget, baseline_peak)
+
+    @classmethod
+    def from_env(cls, base: "Options | None" = None, environ: Mapping[str, str] | None = None) -> "Options":
+        """``base`` with every ``FSDP_PASSES_<OPTION>`` variable applied."""
+        environ = os.environ if environ is None else environ
+        base = base or cls()
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            key = ENV_PREFIX + f.name.upper()
+            if key in environ:
+                changes[f.name] = _parse_env_value(f.name, environ[key])
+        return dataclasses.replace(base, **changes) if changes else base
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40,
+}
+
+
+def parse_memory_budget(value: Union[int, str], baseline_peak: int) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"memory_budget={value!r}: expected bytes (int), a size like '2GB', or a percentage like '5%'")
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    if text.endswith("%"):
+        return int(float(text[:-1]) / 100.0 * baseline_peak)
+    m = _SIZE_RE.match(text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise ValueError(
+            f"memory_budget={value!r}: expected bytes (int), a size like '512MB' or '2GiB', or a percentage like '5%'"
+        )
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def _fail(option: str, value: Any, allowed: str) -> None:
+    raise ValueError(f"fsdp_passes option {option}={value!r} is not valid: expected {allowed}")
+
+
+def _validate(o: Options) -> None:
+    if o.bucketing not in BUCKETING_MODES:
+        _fail("bucketing", o.bucketing, "one of " + ", ".join(repr(m) for m in BUCKETING_MODES))
+    if o.bucket_plan is not None:
+        if not isinstance(o.bucket_plan, (list, tuple)) or not o.bucket_plan:
+            _fail("bucket_plan", o.bucket_plan, "a non-empty list of module FQN patterns or lists of them")
+        for entry in o.bucket_plan:
+            members = entry if isinstance(entry, (list, tuple)) else [entry]
+            if not members or not all(isinstance(m, str) and m for m in members):
+                _fail("bucket_plan", o.bucket_plan, "entries that are non-empty strings or non-empty lists of strings")
+    if o.bucketing == "manual" and not o.bucket_plan:
+        _fail("bucket_plan", o.bucket_plan, "a plan (list of module FQN patterns) when bucketing='manual'")
+    if o.bucketing != "manual" and o.bucket_plan:
+        _fail("bucketing", o.bucketing, "'manual' when a bucket_plan is given")
+    if o.bucket_cap_mb is not None and (
+        isinstance(o.bucket_cap_mb, bool) or not isinstance(o.bucket_cap_mb, (int, float)) or o.bucket_cap_mb <= 0
+    ):
+        _fail("bucket_cap_mb", o.bucket_cap_mb, "a positive number of MiB or None")
+    for flag in ("bucket_non_fsdp", "reorder", "strict"):
+        if not isinstance(getattr(o, flag), bool):
+            _fail(flag, getattr(o, flag), "True or False")
+    if not isinstance(o.cluster, (str, Mapping)):
+        _fail("cluster", o.cluster, "a profile name or a mapping of profile values")
+    if isinstance(o.cluster, str):
+        from .cost_model.profiles import available_profiles
+
+        if o.cluster not in available_profiles():
+            _fail("cluster", o.cluster, "one of " + ", ".join(available_profiles()) + " or a mapping")
+    else:
+        from .cost_model.profiles import profile_from_mapping
+
+        try:
+            profile_from_mapping(o.cluster)
+        except (TypeError, ValueError, KeyError) as exc:
+            _fail("cluster", o.cluster, f"a valid profile mapping ({exc})")
+    if o.calibration is not None:
+        if not isinstance(o.calibration, (str, os.PathLike)) or not os.path.isfile(o.calibration):
+            _fail("calibration", o.calibration, "the path of an existing calibration JSON file")
+    try:
+        budget = parse_memory_budget(o.memory_budget, 1 << 30)
+    except ValueError:
+        raise
+    if budget < 0:
+        _fail("memory_budget", o.memory_budget, "a budget >= 0")
+    if o.max_prefetch is not None and (
+        isinstance(o.max_prefetch, bool) or not isinstance(o.max_prefetch, int) or o.max_prefetch < 1
+    ):
+        _fail("max_prefetch", o.max_prefetch, "an integer >= 1 or None")
+    if o.debug_dir is not None and not isinstance(o.debug_dir, (str, os.PathLike)):
+        _fail("debug_dir", o.debug_dir, "a folder path or None")
+
+
+def _parse_env_value(name: str, text: str) -> Any:
+    """Environment values are strings: JSON where it parses (numbers, lists, true/false/null), else text."""
+    key = ENV_PREFIX + name.upper()
+    if name in ("reorder", "strict", "bucket_non_fsdp"):
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{key}={text!r}: expected true/false")
+    if name in ("debug_dir", "calibration", "bucketing"):
+        return text or None if name != "bucketing" else text
+    if name == "cluster":
+        return json.loads(text) if text.strip().startswith("{") else text
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
