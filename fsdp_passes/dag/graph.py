@@ -44,6 +44,7 @@ class DagNode:
     group_name: str | None = None
     group_size: int | None = None
     group_ranks: tuple[int, ...] | None = None
+    reduce_op: str | None = None  # "sum", "avg", ... for reductions: never bucketed across ops
     comm_bytes: int = 0
     in_bytes: int = 0
     out_bytes: int = 0

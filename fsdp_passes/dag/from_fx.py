@@ -1,0 +1,257 @@
+"""Build the DAG from a post-grad FX graph (what Inductor's post-grad custom passes receive)."""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+
+from .graph import CollectiveOp, Dag, DagNode, NodeKind
+from .ops import as_int, classify, group_facts, op_base_name
+
+
+class UnplannableGraph(ValueError):
+    """The graph cannot be planned (e.g. unbacked symbolic sizes); the passes leave it untouched."""
+
+
+# Ops that only change the dtype or the view of a tensor: an all-gather fed by a chain of these from a
+# graph input gathers a parameter shard; a reduce-scatter whose result reaches the output through them
+# produces a gradient.
+_PASS_THROUGH = {
+    "convert_element_type", "_to_copy", "view", "reshape", "_unsafe_view", "clone", "t", "permute",
+    "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
+    "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten",
+}
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes of a tensor, or of every tensor in a (nested) tuple/list; 0 for non-tensors."""
+    if isinstance(value, torch.Tensor):
+        return as_int(value.numel()) * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(tensor_bytes(v) for v in value)
+    return 0
+
+
+def _dtype_of(value: Any) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).replace("torch.", "")
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            d = _dtype_of(v)
+            if d is not None:
+                return d
+    return None
+
+
+def op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._opname}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def _base(node: fx.Node) -> str:
+    if node.target is operator.getitem:
+        return "getitem"
+    return op_base_name(op_name(node))[1]
+
+
+def _is_view(node: fx.Node) -> bool:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return bool(target.is_view)
+    return node.target is operator.getitem
+
+
+def _mutated_args(node: fx.Node) -> list[fx.Node]:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, fx.Node):
+                out.append(value)
+    return out
+
+
+_MODULE_PATH_RE = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+
+
+def normalize_module_path(path: str) -> str:
+    """'L['self'].layers[0].attn' or 'L__self___layers_0' styles -> 'layers.0.attn'."""
+    text = _MODULE_PATH_RE.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path)
+    for prefix in ("L.self.", "L.self", "self.", "L__self__."):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    text = text.lstrip(".")
+    if text.startswith("L__self___"):
+        text = text[len("L__self___") :].replace("_", ".")
+    return text.replace("._modules.", ".").replace("._orig_mod.", ".").removeprefix("_orig_mod.")
+
+
+def module_fqn(node: fx.Node) -> str | None:
+    """The innermost module that produced ``node`` (forward or, via autograd meta, backward)."""
+    for key in ("nn_module_stack", "fwd_nn_module_stack"):
+        stack = node.meta.get(key)
+        if stack:
+            last = list(stack.values())[-1]
+            path = last[0] if isinstance(last, tuple) else str(last)
+            return normalize_module_path(path)
+    return None
+
+
+def _walk_pass_through(start: fx.Node, forward: bool) -> Iterable[fx.Node]:
+    """Nodes reachable from ``start`` through dtype casts and views (inputs if not forward, users if forward)."""
+    stack, seen = [start], {start}
+    while stack:
+        node = stack.pop()
+        yield node
+        nexts = list(node.users) if forward else list(node.all_input_nodes)
+        for nxt in nexts:
+            if nxt in seen:
+                continue
+            if nxt.op in ("placeholder", "output") or (nxt.op == "call_function" and _base(nxt) in _PASS_THROUGH | {"wait_tensor"}):
+                seen.add(nxt)
+                stack.append(nxt)
+
+
+def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | None]:
+    """(is FSDP-like, placeholder name of the parameter shard) for an all-gather / reduce-scatter."""
+    if collective is CollectiveOp.ALL_GATHER:
+        source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if source is None:
+            return False, None
+        for n in _walk_pass_through(source, forward=False):
+            if n.op == "placeholder":
+                return True, str(n.target)
+        return False, None
+    if collective is CollectiveOp.REDUCE_SCATTER:
+        for n in _walk_pass_through(node, forward=True):
+            if n.op == "output":
+                return True, None
+        return False, None
+    return False, None
+
+
+def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
+    """One DagNode per call_function node, in graph order; placeholders and outputs are not nodes."""
+    if isinstance(graph, fx.GraphModule):
+        graph = graph.graph
+    nodes: list[DagNode] = []
+    edges: list[tuple[int, int]] = []
+    index: dict[fx.Node, int] = {}
+    root: dict[fx.Node, Any] = {}  # fx node -> the buffer it lives in (an fx node); views share their base's
+    last_writer: dict[Any, int] = {}
+    readers: dict[Any, list[int]] = {}
+    output_roots: set[Any] = set()
+
+    for fx_node in graph.nodes:
+        if fx_node.op == "placeholder" or fx_node.op == "get_attr":
+            root[fx_node] = fx_node
+            continue
+        if fx_node.op == "output":
+            for arg in fx_node.all_input_nodes:
+                output_roots.add(root.get(arg, arg))
+            continue
+        if fx_node.op != "call_function":
+            raise UnplannableGraph(f"node {fx_node.name}: unsupported op kind {fx_node.op!r}")
+        i = len(nodes)
+        name = op_name(fx_node)
+        kind, collective = classify(name)
+        value = fx_node.meta.get("val")
+        try:
+            out_bytes = tensor_bytes(value)
+            in_bytes = sum(tensor_bytes(a.meta.get("val")) for a in fx_node.all_input_nodes)
+        except ValueError as exc:
+            raise UnplannableGraph(f"node {fx_node.name}: {exc}") from None
+        node = DagNode(name=fx_node.name, kind=kind, op=name, collective=collective, in_bytes=in_bytes,
+                       out_bytes=out_bytes, dtype=_dtype_of(value), origin=fx_node, module_fqn=module_fqn(fx_node))
+        inputs = [a for a in fx_node.all_input_nodes]
+        if kind is NodeKind.COLLECTIVE:
+            _fill_collective(node, fx_node, collective, in_bytes, out_bytes)
+        elif kind is NodeKind.WAIT:
+            producer = inputs[0] if inputs else None
+            if producer in index and nodes[index[producer]].kind is NodeKind.COLLECTIVE:
+                node.collective_of = index[producer]
+                node.group_name = nodes[index[producer]].group_name
+            node.alias_of = index.get(producer)
+            node.out_bytes = 0
+        elif _is_view(fx_node):
+            base = inputs[0] if inputs else None
+            node.alias_of = index.get(base)
+            node.out_bytes = 0
+        else:
+            try:
+                from ..cost_model.flops import aten_flops
+
+                node.flops = aten_flops(fx_node.target, _vals(fx_node.args), _vals(fx_node.kwargs), value)
+            except Exception:  # FLOPs are an estimate input; a node torch cannot count costs bytes only
+                node.flops = 0.0
+        for arg in inputs:
+            if arg in index:
+                edges.append((index[arg], i))
+        # buffer identity: views and waits live in their input's buffer
+        if node.alias_of is not None or (_is_view(fx_node) and inputs):
+            root[fx_node] = root.get(inputs[0], inputs[0])
+        else:
+            root[fx_node] = fx_node
+        # mutation ordering: a write comes after earlier readers and writers of the buffer, later readers
+        # and writers after it
+        for arg in inputs:
+            buf = root.get(arg, arg)
+            if buf in last_writer and last_writer[buf] != i:
+                edges.append((last_writer[buf], i))
+            readers.setdefault(buf, []).append(i)
+        for arg in _mutated_args(fx_node):
+            buf = root.get(arg, arg)
+            for r in readers.get(buf, []):
+                if r != i:
+                    edges.append((r, i))
+            last_writer[buf] = i
+            readers[buf] = []
+        index[fx_node] = i
+        nodes.append(node)
+
+    for fx_node, i in index.items():
+        if root.get(fx_node, fx_node) in output_roots and nodes[i].alias_of is None:
+            nodes[i].is_output = True
+    return Dag(nodes, edges)
+
+
+def _vals(obj: Any) -> Any:
+    if isinstance(obj, fx.Node):
+        return obj.meta.get("val")
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_vals(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _vals(v) for k, v in obj.items()}
+    return obj
+
+
+def _fill_collective(node: DagNode, fx_node: fx.Node, collective: CollectiveOp, in_bytes: int, out_bytes: int) -> None:
+    args = list(fx_node.args)
+    group_name = None
+    group_size = None
+    if collective is CollectiveOp.ALL_GATHER and len(args) >= 3:
+        group_size, group_name = args[1], args[2]
+    elif collective is CollectiveOp.REDUCE_SCATTER and len(args) >= 4:
+        node.reduce_op, group_size, group_name = str(args[1]), args[2], args[3]
+    elif collective is CollectiveOp.ALL_REDUCE and len(args) >= 3:
+        node.reduce_op, group_name = str(args[1]), args[2]
+    else:
+        group_name = fx_node.kwargs.get("group_name", args[-1] if args and isinstance(args[-1], str) else None)
+    node.group_name = str(group_name) if group_name is not None else "?"
+    size, ranks = group_facts(node.group_name)
+    node.group_size = int(group_size) if isinstance(group_size, int) else size
+    node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
+    if collective is CollectiveOp.ALL_GATHER:
+        node.comm_bytes = out_bytes
+    else:
+        node.comm_bytes = in_bytes
+    node.fsdp, node.param_fqn = _fsdp_like(fx_node, collective)

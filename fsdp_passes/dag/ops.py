@@ -1,0 +1,89 @@
+"""What an operator name means for the DAG: collective, wait or compute; and process-group facts.
+
+Both builders (FX and scheduler nodes) see the same functional-collective operator names, so the
+classification lives here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .graph import CollectiveOp, NodeKind
+
+# Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
+# Inductor's collective kernels (python_kernel_name / op_overload names).
+_COLLECTIVES: dict[str, CollectiveOp] = {
+    "all_gather_into_tensor": CollectiveOp.ALL_GATHER,
+    "all_gather_into_tensor_out": CollectiveOp.ALL_GATHER,
+    "all_gather_into_tensor_coalesced": CollectiveOp.ALL_GATHER,
+    "reduce_scatter_tensor": CollectiveOp.REDUCE_SCATTER,
+    "reduce_scatter_tensor_out": CollectiveOp.REDUCE_SCATTER,
+    "reduce_scatter_tensor_coalesced": CollectiveOp.REDUCE_SCATTER,
+    "all_reduce": CollectiveOp.ALL_REDUCE,
+    "all_reduce_": CollectiveOp.ALL_REDUCE,
+    "all_reduce_coalesced": CollectiveOp.ALL_REDUCE,
+    "all_reduce_coalesced_": CollectiveOp.ALL_REDUCE,
+    "all_to_all_single": CollectiveOp.ALL_TO_ALL,
+    "broadcast": CollectiveOp.OTHER,
+    "broadcast_": CollectiveOp.OTHER,
+    "isend": CollectiveOp.OTHER,
+    "irecv": CollectiveOp.OTHER,
+    "send": CollectiveOp.OTHER,
+    "recv": CollectiveOp.OTHER,
+    "barrier": CollectiveOp.OTHER,
+}
+_WAITS = {"wait_tensor"}
+_NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor")
+
+
+def op_base_name(op_name: str) -> tuple[str, str]:
+    """('namespace', 'op') from 'torch.ops.ns.op.overload', 'ns.op.overload', 'ns::op' or 'op'."""
+    name = op_name.replace("::", ".")
+    if name.startswith("torch.ops."):
+        name = name[len("torch.ops.") :]
+    parts = name.split(".")
+    if len(parts) >= 3:
+        return parts[0], parts[1]
+    if len(parts) == 2:
+        # 'ns.op' or 'op.overload': a known namespace decides
+        return (parts[0], parts[1]) if parts[0] in _NAMESPACES else ("", parts[0])
+    return "", parts[0]
+
+
+def classify(op_name: str) -> tuple[NodeKind, CollectiveOp | None]:
+    namespace, base = op_base_name(op_name)
+    if namespace and namespace not in _NAMESPACES:
+        return NodeKind.COMPUTE, None
+    if base in _WAITS:
+        return NodeKind.WAIT, None
+    if base in _COLLECTIVES:
+        return NodeKind.COLLECTIVE, _COLLECTIVES[base]
+    return NodeKind.COMPUTE, None
+
+
+def group_facts(group_name: str) -> tuple[int | None, tuple[int, ...] | None]:
+    """(size, global ranks) of a process group known to torch.distributed, or (None, None)."""
+    try:
+        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        if not dist.is_available() or not dist.is_initialized():
+            return None, None
+        pg = _resolve_process_group(group_name)
+        return pg.size(), tuple(dist.get_process_group_ranks(pg))
+    except Exception:  # an unknown group name is only a missing fact, not an error
+        return None, None
+
+
+def as_int(value: Any) -> int:
+    """An int from an int or a backed SymInt (its size hint); ValueError for an unbacked size."""
+    if isinstance(value, int):
+        return value
+    try:
+        from torch.fx.experimental.symbolic_shapes import has_hint, hint_int
+
+        if has_hint(value):
+            return int(hint_int(value))
+    except ImportError:  # pragma: no cover - very old torch
+        pass
+    raise ValueError(f"size {value} has no hint (unbacked symbolic size)")
