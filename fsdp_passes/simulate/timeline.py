@@ -1,0 +1,194 @@
+"""Replay an order on one compute stream plus one FIFO stream per process group.
+
+- A non-collective node occupies the compute stream for its duration, in order.
+- A collective costs the compute stream nothing: it is issued when the compute stream reaches it and runs on
+  its group's stream, starting when both it is issued and the group's previous collective has finished.
+- A wait first blocks the compute stream until its collective has finished (that blocked time is the
+  collective's exposed time), then takes its own duration (normally 0) like any compute node.
+- A collective nobody waits on is exposed by however long it runs past the end of the compute stream.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..dag.graph import Dag, NodeKind
+from .bounds import lower_bound
+from .memory import memory_curve, wait_collectives
+
+_COMPUTE, _COLLECTIVE, _WAIT = 0, 1, 2
+_KIND_CODE = {NodeKind.COMPUTE: _COMPUTE, NodeKind.COLLECTIVE: _COLLECTIVE, NodeKind.WAIT: _WAIT}
+
+
+def group_key(group_name: str | None) -> str:
+    """Stream name of a collective's process group (unnamed groups share one stream, as in the DAG)."""
+    return group_name or "?"
+
+
+@dataclass
+class Timeline:
+    """Result of ``simulate``.  Times in ms from the start of the graph; lists are indexed by node id.
+
+    issue: when the compute stream reached the node (for a collective, when it was issued; for a wait,
+        when it started blocking).
+    start / end: when the node ran (a collective: on its group's stream; a wait: from ``issue`` until the
+        compute stream was released and its own duration was spent).
+    exposed: per collective id, ms during which it held the compute stream up (0 when hidden).
+    wait_blocked: per wait id, ms it blocked the compute stream.
+    comm_time: per process group, total ms its stream was busy.
+    memory: bytes live while each position of ``order`` runs (see ``memory_curve``).
+    """
+
+    order: list[int]
+    issue: list[float]
+    start: list[float]
+    end: list[float]
+    makespan: float
+    compute_end: float
+    compute_busy: float
+    compute_idle: float
+    exposed: dict[int, float]
+    exposed_total: float
+    wait_blocked: dict[int, float]
+    comm_time: dict[str, float]
+    memory: list[int] = field(repr=False)
+    peak_memory: int
+    lower_bound: float
+
+    @property
+    def comm_total(self) -> float:
+        return sum(self.comm_time.values())
+
+    def summary(self) -> dict[str, Any]:
+        """Scalar figures for logs and dumps (JSON-serialisable)."""
+        return {
+            "makespan_ms": self.makespan,
+            "lower_bound_ms": self.lower_bound,
+            "compute_busy_ms": self.compute_busy,
+            "compute_idle_ms": self.compute_idle,
+            "exposed_comm_ms": self.exposed_total,
+            "comm_ms": dict(self.comm_time),
+            "peak_memory_bytes": self.peak_memory,
+        }
+
+
+def check_order(dag: Dag, order: Sequence[int]) -> None:
+    """Raise ValueError, naming a node, unless ``order`` is a valid schedule of ``dag``."""
+    n = len(dag.nodes)
+    seen = bytearray(n)
+    for i in order:
+        if type(i) is not int:
+            try:
+                i = operator.index(i)  # numpy integers are fine
+            except TypeError:
+                raise ValueError(f"order entry {i!r} is not a node id") from None
+        if not 0 <= i < n:
+            raise ValueError(f"order names node {i}, outside 0..{n - 1}")
+        if seen[i]:
+            raise ValueError(f"order places node {dag.nodes[i].name} twice")
+        seen[i] = 1
+    if len(order) != n:
+        missing = seen.index(0)
+        raise ValueError(f"order leaves out node {dag.nodes[missing].name} ({n - len(order)} missing)")
+    problems = dag.order_violations(order, limit=3)
+    if problems:
+        raise ValueError("invalid order: " + "; ".join(problems))
+
+
+def _check_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
+    if len(durations) != len(dag.nodes):
+        raise ValueError(f"{len(durations)} durations for {len(dag.nodes)} nodes")
+    dur = [float(d) for d in durations]
+    for i, d in enumerate(dur):
+        if not (d >= 0.0 and math.isfinite(d)):
+            raise ValueError(f"duration of {dag.nodes[i].name} is {d}, not a finite non-negative number")
+    return dur
+
+
+def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Timeline:
+    """Timeline of running ``dag`` in ``order`` with ``durations`` (ms per node id).
+
+    Raises ValueError if ``order`` is not a permutation, breaks a dependency or changes the issue order of
+    a process group's collectives (every rank must issue the same sequence).
+    """
+    check_order(dag, order)
+    dur = _check_durations(dag, durations)
+    nodes = dag.nodes
+    n = len(nodes)
+    kind = [_KIND_CODE[node.kind] for node in nodes]
+    group = [group_key(node.group_name) if k == _COLLECTIVE else "" for node, k in zip(nodes, kind)]
+    waited = wait_collectives(dag)
+
+    issue = [0.0] * n
+    start = [0.0] * n
+    end = [0.0] * n
+    issued = bytearray(n)
+    stream_end: dict[str, float] = {}
+    comm_time: dict[str, float] = {}
+    exposed: dict[int, float] = {}
+    wait_blocked: dict[int, float] = {}
+    t = 0.0
+    busy = 0.0
+    for i in order:
+        k = kind[i]
+        d = dur[i]
+        issue[i] = t
+        if k == _COLLECTIVE:
+            g = group[i]
+            s = stream_end.get(g, 0.0)
+            if s < t:
+                s = t
+            e = s + d
+            start[i] = s
+            end[i] = e
+            stream_end[g] = e
+            comm_time[g] = comm_time.get(g, 0.0) + d
+            exposed[i] = 0.0
+            issued[i] = 1
+            continue
+        start[i] = t
+        if k == _WAIT:
+            c = waited[i]
+            if c >= 0:
+                if not issued[c]:
+                    raise ValueError(f"wait {nodes[i].name} runs before its collective {nodes[c].name}")
+                ce = end[c]
+                blocked = ce - t if ce > t else 0.0
+                exposed[c] += blocked
+                wait_blocked[i] = blocked
+                t += blocked
+        t += d
+        busy += d
+        end[i] = t
+
+    compute_end = t
+    makespan = max(compute_end, max(stream_end.values(), default=0.0))
+    has_wait = bytearray(n)
+    for c in waited:
+        if c >= 0:
+            has_wait[c] = 1
+    for c in exposed:
+        if not has_wait[c] and end[c] > compute_end:
+            exposed[c] = end[c] - compute_end
+
+    memory = memory_curve(dag, order)
+    return Timeline(
+        order=list(order),
+        issue=issue,
+        start=start,
+        end=end,
+        makespan=makespan,
+        compute_end=compute_end,
+        compute_busy=busy,
+        compute_idle=makespan - busy,
+        exposed=exposed,
+        exposed_total=sum(exposed.values()),
+        wait_blocked=wait_blocked,
+        comm_time=comm_time,
+        memory=memory,
+        peak_memory=max(memory, default=0),
+        lower_bound=lower_bound(dag, dur),
+    )
