@@ -1,1 +1,18 @@
-"""simulate"""
+"""Timeline simulation of an order: one compute stream plus one FIFO stream per process group."""
+
+from .bounds import lower_bound
+from .memory import buffer_roots, memory_curve, peak_memory
+from .timeline import Timeline, check_order, simulate
+from .trace import chrome_trace, write_chrome_trace
+
+__all__ = [
+    "Timeline",
+    "buffer_roots",
+    "check_order",
+    "chrome_trace",
+    "lower_bound",
+    "memory_curve",
+    "peak_memory",
+    "simulate",
+    "write_chrome_trace",
+]
