@@ -1,3 +1,105 @@
-"""fsdp_passes: bucketing and overlap scheduling of FSDP collectives inside torch.compile / Inductor."""
+"""fsdp_passes: bucketing and overlap scheduling of FSDP collectives inside torch.compile / Inductor.
+
+    import fsdp_passes
+    fsdp_passes.enable(bucketing="auto", reorder=True, cluster="h100-nvlink", memory_budget="5%")
+    model = torch.compile(model)
+    ...
+    fsdp_passes.disable()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
 
 __version__ = "0.1.0"
+
+from .options import Options  # noqa: E402
+from .report import GraphReport, last_reports  # noqa: E402
+
+
+def enable(options: Options | None = None, **kwargs: Any) -> Options:
+    """Install the passes into ``torch._inductor.config`` for every later ``torch.compile``.
+
+    Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``), then
+    ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value raises ``ValueError``
+    naming the option.  Calling ``enable`` again replaces the options; passes already set in those config
+    slots by the user keep running alongside ours.  Returns the options in force.
+    """
+    from .inductor.hooks import install
+
+    if options is not None and not isinstance(options, Options):
+        raise ValueError(f"fsdp_passes.enable(options={options!r}): expected an fsdp_passes.Options or keywords")
+    base = options.replace(**kwargs) if options is not None else Options(**_checked_kwargs(kwargs))
+    resolved = Options.from_env(base)
+    install(resolved)
+    return resolved
+
+
+def disable() -> None:
+    """Remove the passes and restore the touched ``torch._inductor.config`` values exactly as they were."""
+    from .inductor.hooks import uninstall
+
+    uninstall()
+
+
+@contextlib.contextmanager
+def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
+    """``enable(...)`` for the duration of a ``with`` block; the previous state is restored afterwards."""
+    from .inductor.hooks import active_options
+
+    previous = active_options()
+    resolved = enable(options, **kwargs)
+    try:
+        yield resolved
+    finally:
+        if previous is None:
+            disable()
+        else:
+            from .inductor.hooks import install
+
+            install(previous)
+
+
+def is_enabled() -> bool:
+    from .inductor.hooks import active_options
+
+    return active_options() is not None
+
+
+def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(Options)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(f"fsdp_passes: unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
+    return kwargs
+
+
+def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
+    """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
+    from .bucketing import bucket_graph as _bucket_graph
+
+    return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
+
+
+def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
+    """Run the reordering pass on a captured scheduler node list; returns (new order, GraphReport)."""
+    from .inductor.scheduler_pass import reorder_scheduler_nodes as _reorder
+
+    return _reorder(nodes, options or Options(**_checked_kwargs(kwargs)))
+
+
+__all__ = [
+    "GraphReport",
+    "Options",
+    "bucket_graph",
+    "disable",
+    "enable",
+    "enabled",
+    "is_enabled",
+    "last_reports",
+    "reorder_scheduler_nodes",
+    "__version__",
+]

@@ -1,0 +1,68 @@
+"""Running the bucketing rewrite inside Inductor's post-grad pass slot, safely.
+
+The rewrite mutates the graph in place; if anything fails half-way the graph is restored from a copy taken
+before, so the user's compile goes on with the graph exactly as Inductor built it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch.fx as fx
+
+from ..options import Options
+from ..report import GraphReport, record
+from .hooks import FsdpPassError, injected, run_guarded
+
+log = logging.getLogger("fsdp_passes")
+
+
+def _snapshot(graph: fx.Graph) -> fx.Graph:
+    copy = fx.Graph()
+    out = copy.graph_copy(graph, {})
+    copy.output(out)
+    return copy
+
+
+def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
+    for node in reversed(list(graph.nodes)):
+        graph.erase_node(node)
+    out = graph.graph_copy(snapshot, {})
+    graph.output(out)
+
+
+def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport | None:
+    """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict)."""
+    snapshot = _snapshot(graph)
+    start = time.perf_counter()
+
+    def attempt() -> GraphReport:
+        if injected("fx") == "exception":
+            # mutate first, so the test also proves the graph is restored
+            first = next(n for n in graph.nodes if n.op != "placeholder")
+            graph.inserting_before(first)
+            raise RuntimeError("injected failure in the fx pass")
+        from ..bucketing import bucket_graph
+
+        result = bucket_graph(graph, options, graph_name=graph_name)
+        graph.lint()
+        report = result.report
+        report.pass_time_s = time.perf_counter() - start
+        return report
+
+    def fallback() -> None:
+        _restore(graph, snapshot)
+        report = GraphReport(graph=graph_name, pass_name="fx", fallback="pass failed; graph left unchanged",
+                             options=options.to_json())
+        record(report)
+        return None
+
+    report = run_guarded("fx", options, attempt, fallback)
+    if report is not None:
+        record(report)
+        log.info("fsdp_passes %s", report.one_line())
+    return report
+
+
+__all__ = ["run_fx_pass", "FsdpPassError"]

@@ -1,0 +1,156 @@
+"""Inductor scheduler nodes -> the neutral DAG.
+
+Dependencies come from each node's reads (``read_writes.reads``) resolved to the node that produced the
+buffer (mutations included: a wait's output mutates its collective's buffer).  Inductor's *fake* ``WeakDep``s,
+which chain every collective to the previous one (``comms.decide_global_ordering_of_comms``), are dropped:
+the DAG keeps the per-process-group issue order as a constraint instead, so several collectives may be in
+flight at once without any rank changing its collective sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..dag.ops import classify, group_facts
+
+
+def _size_hint(expr: Any) -> int:
+    if isinstance(expr, int):
+        return expr
+    from torch._inductor.virtualized import V
+
+    return int(V.graph.sizevars.optimization_hint(expr, fallback=0))
+
+
+def _layout_bytes(ir_node: Any) -> int:
+    """Bytes of an IR buffer's layout; 0 for layouts that allocate nothing (NoneLayout, mutation outputs)."""
+    layout = getattr(ir_node, "layout", None)
+    size = getattr(layout, "size", None)
+    dtype = getattr(layout, "dtype", None)
+    if size is None or dtype is None or not isinstance(dtype, torch.dtype):
+        return 0
+    numel = 1
+    for s in size:
+        numel *= _size_hint(s)
+    return numel * dtype.itemsize
+
+
+def _dtype_name(ir_node: Any) -> str | None:
+    dtype = getattr(getattr(ir_node, "layout", None), "dtype", None)
+    return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
+
+
+def _op_name(snode: Any) -> str:
+    node = getattr(snode, "node", None)
+    overload = getattr(node, "op_overload", None)
+    if isinstance(overload, torch._ops.OpOverload):
+        return f"{overload.namespace}.{overload._opname}.{overload._overloadname}"
+    kernel = getattr(node, "python_kernel_name", None)
+    if kernel:
+        return str(kernel)
+    return type(snode).__name__
+
+
+def _collective_facts(node: DagNode, ir_node: Any, op: CollectiveOp) -> None:
+    args = list(getattr(ir_node, "constant_args", ()) or ())
+    group_name = None
+    group_size = None
+    if op is CollectiveOp.ALL_GATHER and len(args) >= 2:
+        group_size, group_name = args[0], args[1]
+    elif op is CollectiveOp.REDUCE_SCATTER and len(args) >= 3:
+        node.reduce_op, group_size, group_name = str(args[0]), args[1], args[2]
+    elif op is CollectiveOp.ALL_REDUCE and len(args) >= 2:
+        node.reduce_op, group_name = str(args[0]), args[1]
+    elif args and isinstance(args[-1], str):
+        group_name = args[-1]
+    node.group_name = str(group_name) if group_name is not None else "?"
+    size, ranks = group_facts(node.group_name)
+    node.group_size = int(group_size) if isinstance(group_size, int) else size
+    node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
+    inputs = [i for i in getattr(ir_node, "inputs", ()) if hasattr(i, "layout")]
+    in_bytes = sum(_layout_bytes(i) for i in inputs)
+    node.comm_bytes = node.out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
+
+
+def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | None = None) -> Dag:
+    """One DagNode per scheduler node (fused nodes stay one node), in the given order."""
+    from torch._inductor.utils import is_collective, is_wait
+
+    producer: dict[str, int] = {}
+    nodes: list[DagNode] = []
+    edges: list[tuple[int, int]] = []
+    outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
+    for i, snode in enumerate(snodes):
+        ir_node = getattr(snode, "node", None)
+        name = _op_name(snode)
+        if ir_node is not None and is_collective(ir_node):
+            kind, op = classify(name)
+            if kind is not NodeKind.COLLECTIVE:
+                kind, op = NodeKind.COLLECTIVE, CollectiveOp.OTHER
+        elif ir_node is not None and is_wait(ir_node):
+            kind, op = NodeKind.WAIT, None
+        else:
+            kind, op = NodeKind.COMPUTE, None
+        buffers = list(snode.get_outputs())
+        out_bytes = sum(_layout_bytes(b.node) for b in buffers)
+        node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
+                       dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode)
+        deps = set()
+        for dep in snode.read_writes.reads:
+            if getattr(dep, "is_fake", False):
+                continue  # Inductor's collective chain: replaced by the per-group order constraint
+            src = producer.get(dep.name)
+            if src is not None and src != i:
+                deps.add(src)
+        for dep in getattr(snode, "unmet_dependencies", ()):
+            if getattr(dep, "is_fake", False):
+                continue
+            src = producer.get(dep.name)
+            if src is not None and src != i:
+                deps.add(src)
+        edges.extend((src, i) for src in sorted(deps))
+        if kind is NodeKind.COLLECTIVE:
+            _collective_facts(node, ir_node, op)
+        elif kind is NodeKind.WAIT:
+            mutated = [m for b in buffers for m in b.get_mutations()]
+            target = next((producer[m] for m in mutated if m in producer), None)
+            if target is not None and nodes[target].kind is NodeKind.COLLECTIVE:
+                node.collective_of = target
+                node.alias_of = target
+                node.group_name = nodes[target].group_name
+        else:
+            try:
+                node.flops = float(snode.estimate_flops() or 0)
+            except Exception:  # flop counting is best effort; bytes still give a roofline estimate
+                node.flops = 0.0
+            try:
+                total = int(snode.get_read_write_buffers_sizes())
+            except Exception:
+                total = out_bytes
+            node.in_bytes = max(total - out_bytes, 0)
+        if any(b.get_name() in outputs for b in buffers):
+            node.is_output = True
+        for b in buffers:
+            producer[b.get_name()] = i
+        nodes.append(node)
+    dag = Dag(nodes, edges)
+    # FSDP-like, as the SimpleFSDP pattern produces them: an all-gather fed by no matmul-like compute (a
+    # parameter shard, perhaps cast), a reduce-scatter (gradients; the FX pass has the precise test)
+    for i, node in enumerate(nodes):
+        if node.collective is CollectiveOp.ALL_GATHER:
+            node.fsdp = not any(nodes[p].kind is NodeKind.COMPUTE and nodes[p].flops > 0 for p in dag.preds[i])
+        elif node.collective is CollectiveOp.REDUCE_SCATTER:
+            node.fsdp = True
+    return dag
+
+
+def _graph_output_names() -> set[str]:
+    try:
+        from torch._inductor.virtualized import V
+
+        return set(V.graph.get_output_names())
+    except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
+        return set()

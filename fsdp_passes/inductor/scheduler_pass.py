@@ -1,0 +1,70 @@
+"""Reordering Inductor's scheduler nodes: adapter -> DAG -> cost model -> policy -> validated order."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Sequence
+
+from ..options import Options
+from ..report import GraphReport, fill_schedule_numbers, record
+from .hooks import injected
+from .scheduler_adapter import dag_from_scheduler_nodes
+
+log = logging.getLogger("fsdp_passes")
+
+
+class InvalidOrder(ValueError):
+    """A proposed order is not a valid schedule (lost node, broken dependency, changed collective order)."""
+
+
+def reorder_scheduler_nodes(
+    nodes: Sequence[Any], options: Options, graph_name: str = "graph", cost_model: Any = None
+) -> tuple[list[Any], GraphReport]:
+    """Plan an overlap-friendly order of ``nodes`` (Inductor scheduler nodes) and return it with its report.
+
+    Runs directly on a captured node list (``fsdp_passes.testing.capture_scheduler_nodes``), so a unit test
+    can try several option sets on one capture.  The returned order has been validated: same nodes, every
+    dependency respected, every process group's collectives in their original order.  Raises
+    ``InvalidOrder`` if the policy proposed anything else (the installed pass then keeps the input order).
+    """
+    from ..cost_model import CostModel
+    from ..reordering import plan_order
+    from ..simulate import peak_memory
+
+    start = time.perf_counter()
+    nodes = list(nodes)
+    dag = dag_from_scheduler_nodes(nodes)
+    cost_model = cost_model or CostModel.from_options(options.cluster, options.calibration)
+    durations = cost_model.estimate(dag)
+    identity = list(range(len(nodes)))
+    report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
+    if options.reorder:
+        baseline_peak = peak_memory(dag, identity)
+        result = plan_order(
+            dag,
+            durations,
+            memory_budget_bytes=options.memory_budget_bytes(baseline_peak),
+            max_prefetch=options.max_prefetch,
+        )
+        order = list(result.order)
+        report.collectives_moved = result.moved
+        report.extra["reasons"] = {dag.nodes[i].name: why for i, why in sorted(result.reasons.items())}
+    else:
+        order = identity
+    if injected("scheduler") == "bad_order":
+        order = list(reversed(order))
+    problems = dag.order_violations(order)
+    if problems:
+        raise InvalidOrder(f"graph {graph_name}: proposed order rejected: " + "; ".join(problems[:3]))
+    if injected("scheduler") == "exception":
+        raise RuntimeError("injected failure in the scheduler pass")
+    timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
+    report.pass_time_s = time.perf_counter() - start
+    record(report)
+    log.info("fsdp_passes %s", report.one_line())
+    if options.debug_dir:
+        from ..debug import write_scheduler_dump
+
+        write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines)
+    return [nodes[i] for i in order], report
