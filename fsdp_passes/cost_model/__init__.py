@@ -1,1 +1,30 @@
-"""cost_model"""
+"""Cost model: milliseconds per DAG node.
+
+α–β collectives with NCCL-like algorithm choice on a cluster profile (``profiles``, ``collectives``),
+roofline compute (``roofline``, ``flops``), and measured calibration tables that override both
+(``calibration``, ``calibrate``).  ``CostModel`` puts them together.
+"""
+
+from .calibration import Calibration, shapes_key
+from .collectives import CollectiveEstimate, GroupTopology, collective_ms, estimate_collective, group_topology
+from .flops import aten_flops
+from .model import CostModel
+from .profiles import ClusterProfile, available_profiles, load_profile, profile_from_mapping
+from .roofline import compute_ms
+
+__all__ = [
+    "Calibration",
+    "ClusterProfile",
+    "CollectiveEstimate",
+    "CostModel",
+    "GroupTopology",
+    "aten_flops",
+    "available_profiles",
+    "collective_ms",
+    "compute_ms",
+    "estimate_collective",
+    "group_topology",
+    "load_profile",
+    "profile_from_mapping",
+    "shapes_key",
+]

@@ -1,0 +1,220 @@
+"""α–β collective times with an NCCL-like choice of algorithm and protocol.
+
+Byte convention (NCCL's): ``nbytes`` is the FULL payload — the gathered output of an all-gather, the
+pre-scatter input of a reduce-scatter, the buffer of an all-reduce, the per-rank send buffer of an
+all-to-all.  Bandwidths are bus bandwidths, so for a ring
+
+* all-gather / reduce-scatter: ``t = latency + nbytes·(n−1)/n / busbw``
+* all-reduce (ring):           ``t = latency + 2·nbytes·(n−1)/n / busbw``
+* all-reduce (tree):           ``t = latency + 2·nbytes / (tree_bandwidth_fraction·busbw)``
+
+and latency is a base latency plus one per-hop latency per step, intra-node and inter-node hops priced
+separately (a ring all-gather has ``n−1`` steps of which ``nodes−1`` cross the network; an all-reduce twice
+that; a tree all-reduce goes up and down ``ranks_per_node−1`` intra hops plus ``ceil(log2 nodes)`` network
+hops).  Like NCCL's tuner, every enabled (algorithm, protocol) pair is priced and the fastest wins: Simple
+has full bandwidth, LL has lower latency and ``ll_bandwidth_fraction`` of the bandwidth.
+
+All-to-all is modelled as concurrent pairwise exchanges: one hop of latency of each kind the group spans,
+and the slower of the NVLink share (``nbytes·(k−1)/n`` over the intra-node bus) and the network share
+(``nbytes·(n−k)/n`` over this rank's share of its node's NICs), where ``k`` is ranks per node.
+A group that fills its last node only partly reaches fewer NICs there, so it can be slower than the next
+larger group that fills the node: time grows with group size only for evenly filled nodes; latency always
+grows with group size.
+Any other collective (broadcast, barrier, ...) is priced as a pipelined ring broadcast: ring latency plus
+``nbytes / busbw``, charged even for zero bytes (a barrier still costs its latency).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from ..dag.graph import CollectiveOp
+from .profiles import ClusterProfile
+
+__all__ = [
+    "CollectiveEstimate",
+    "GroupTopology",
+    "bus_bandwidth_gbps",
+    "collective_ms",
+    "estimate_collective",
+    "group_topology",
+    "normalize_op",
+]
+
+_PROTOCOLS = ("simple", "ll")
+
+
+@dataclass(frozen=True)
+class GroupTopology:
+    """Where a process group's ranks sit: how many nodes it spans and how its ranks spread over them."""
+
+    size: int
+    nodes: int
+    max_ranks_per_node: int
+    min_nics_per_node: int  # NICs usable by the group on its worst-served node (only meaningful if nodes > 1)
+
+
+@dataclass(frozen=True)
+class CollectiveEstimate:
+    """One priced collective: the time and the choice that produced it (for dumps and tests)."""
+
+    ms: float
+    algorithm: str  # "ring", "tree", "pairwise" or "none"
+    protocol: str  # "simple", "ll" or "none"
+    latency_us: float
+    bus_bw_gbps: float
+
+
+def normalize_op(op: Union[CollectiveOp, str]) -> CollectiveOp:
+    """``CollectiveOp`` from an enum member or its value (``"all_gather"``)."""
+    if isinstance(op, CollectiveOp):
+        return op
+    try:
+        return CollectiveOp(op)
+    except ValueError:
+        allowed = ", ".join(repr(o.value) for o in CollectiveOp)
+        raise ValueError(f"collective op={op!r} is not valid: expected one of {allowed}") from None
+
+
+def _check_group(group_size: int, group_ranks: Sequence[int] | None) -> tuple[int, ...] | None:
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise ValueError(f"group_size={group_size!r} is not valid: expected an integer >= 1")
+    if group_ranks is None:
+        return None
+    ranks = tuple(group_ranks)
+    if len(ranks) != group_size:
+        raise ValueError(
+            f"group_ranks has {len(ranks)} entries but group_size={group_size}: expected one rank per member"
+        )
+    if any(isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in ranks) or len(set(ranks)) != len(ranks):
+        raise ValueError(f"group_ranks={ranks!r} is not valid: expected distinct non-negative integer ranks")
+    return ranks
+
+
+def group_topology(
+    profile: ClusterProfile, group_size: int, group_ranks: Sequence[int] | None = None
+) -> GroupTopology:
+    """Nodes spanned and ranks per node; without ``group_ranks`` the group is taken as contiguous ranks."""
+    ranks = _check_group(group_size, group_ranks)
+    return _topology(profile, group_size, ranks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topology(profile: ClusterProfile, group_size: int, ranks: tuple[int, ...] | None) -> GroupTopology:
+    gpn = profile.gpus_per_node
+    if ranks is None:
+        full, rest = divmod(group_size, gpn)
+        per_node = [gpn] * full + ([rest] if rest else [])
+    else:
+        per_node = list(Counter(r // gpn for r in ranks).values())
+    nics = min(
+        max(1, min(profile.nics_per_node, math.ceil(k * profile.nics_per_node / gpn))) for k in per_node
+    )
+    return GroupTopology(
+        size=group_size, nodes=len(per_node), max_ranks_per_node=max(per_node), min_nics_per_node=nics
+    )
+
+
+def _inter_bw(profile: ClusterProfile, topo: GroupTopology) -> float:
+    return profile.inter_node_bw_per_nic_gbps * topo.min_nics_per_node
+
+
+def bus_bandwidth_gbps(profile: ClusterProfile, topo: GroupTopology) -> float:
+    """Bus bandwidth of the slowest link a ring over the group crosses (NVLink inside a node, NICs across)."""
+    if topo.nodes == 1:
+        return profile.intra_node_bw_gbps
+    inter = _inter_bw(profile, topo)
+    if topo.max_ranks_per_node > 1:
+        return min(profile.intra_node_bw_gbps, inter)
+    return inter
+
+
+def _latencies(profile: ClusterProfile, protocol: str) -> tuple[float, float, float, float]:
+    """(ring base, tree base, intra hop, inter hop) in µs for a protocol."""
+    if protocol == "ll":
+        return (
+            profile.ring_base_latency_ll_us,
+            profile.tree_base_latency_ll_us,
+            profile.intra_hop_latency_ll_us,
+            profile.inter_hop_latency_ll_us,
+        )
+    return (
+        profile.ring_base_latency_simple_us,
+        profile.tree_base_latency_simple_us,
+        profile.intra_hop_latency_simple_us,
+        profile.inter_hop_latency_simple_us,
+    )
+
+
+def _protocols(profile: ClusterProfile) -> list[tuple[str, float]]:
+    out = [("simple", 1.0)]
+    if profile.ll_bandwidth_fraction > 0:
+        out.append(("ll", profile.ll_bandwidth_fraction))
+    return out
+
+
+def _ms(latency_us: float, bytes_on_wire: float, bw_gbps: float) -> float:
+    # GB/s = 1e9 B/s -> bytes / (bw * 1e9) s = bytes / (bw * 1e6) ms
+    return latency_us / 1e3 + bytes_on_wire / (bw_gbps * 1e6)
+
+
+def estimate_collective(
+    op: Union[CollectiveOp, str],
+    nbytes: int,
+    group_size: int,
+    profile: ClusterProfile,
+    group_ranks: Sequence[int] | None = None,
+) -> CollectiveEstimate:
+    """Price one collective on ``profile``; the fastest algorithm/protocol wins (see module docstring)."""
+    op = normalize_op(op)
+    ranks = _check_group(group_size, group_ranks)
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0:
+        raise ValueError(f"nbytes={nbytes!r} is not valid: expected a non-negative number of bytes")
+    n = group_size
+    if n == 1 or (nbytes == 0 and op is not CollectiveOp.OTHER):
+        return CollectiveEstimate(0.0, "none", "none", 0.0, 0.0)
+    topo = _topology(profile, n, ranks)
+    busbw = bus_bandwidth_gbps(profile, topo)
+    frac = (n - 1) / n
+    candidates: list[CollectiveEstimate] = []
+    for proto, bw_scale in _protocols(profile):
+        ring_base, tree_base, h_intra, h_inter = _latencies(profile, proto)
+        bw = busbw * bw_scale
+        if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE, CollectiveOp.OTHER):
+            passes = 2 if op is CollectiveOp.ALL_REDUCE else 1
+            steps = passes * (n - 1)
+            inter_steps = passes * (topo.nodes - 1)
+            lat = ring_base + (steps - inter_steps) * h_intra + inter_steps * h_inter
+            wire = nbytes if op is CollectiveOp.OTHER else passes * nbytes * frac
+            candidates.append(CollectiveEstimate(_ms(lat, wire, bw), "ring", proto, lat, bw))
+        if op is CollectiveOp.ALL_REDUCE:
+            depth_intra = topo.max_ranks_per_node - 1
+            depth_inter = math.ceil(math.log2(topo.nodes)) if topo.nodes > 1 else 0
+            lat = tree_base + 2 * (depth_intra * h_intra + depth_inter * h_inter)
+            tbw = bw * profile.tree_bandwidth_fraction
+            candidates.append(CollectiveEstimate(_ms(lat, 2 * nbytes, tbw), "tree", proto, lat, tbw))
+        if op is CollectiveOp.ALL_TO_ALL:
+            k = topo.max_ranks_per_node
+            lat = ring_base + (h_intra if k > 1 else 0.0) + (h_inter if topo.nodes > 1 else 0.0)
+            t_intra = nbytes * (k - 1) / n / (profile.intra_node_bw_gbps * bw_scale * 1e6)
+            t_inter = 0.0
+            if topo.nodes > 1:
+                per_rank_nic = _inter_bw(profile, topo) / k
+                t_inter = nbytes * (n - k) / n / (per_rank_nic * bw_scale * 1e6)
+            candidates.append(CollectiveEstimate(lat / 1e3 + max(t_intra, t_inter), "pairwise", proto, lat, bw))
+    return min(candidates, key=lambda c: (c.ms, c.algorithm, c.protocol))
+
+
+def collective_ms(
+    op: Union[CollectiveOp, str],
+    nbytes: int,
+    group_size: int,
+    profile: ClusterProfile,
+    group_ranks: Sequence[int] | None = None,
+) -> float:
+    """Milliseconds for one collective (``estimate_collective(...).ms``)."""
+    return estimate_collective(op, nbytes, group_size, profile, group_ranks).ms

@@ -1,0 +1,110 @@
+"""``CostModel``: milliseconds for every DAG node, analytic unless a calibration table has the answer.
+
+Pure arithmetic on the node's fields: nothing is timed, so the same DAG always gets the same estimate and
+every rank plans the same schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Mapping, Sequence, Union
+
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from . import collectives, roofline
+from .calibration import Calibration, shapes_key
+from .profiles import ClusterProfile, load_profile
+
+__all__ = ["CostModel"]
+
+
+class CostModel:
+    """Collective and compute times on one cluster profile, overridden by a calibration where it has data."""
+
+    def __init__(self, profile: ClusterProfile, calibration: Calibration | None = None):
+        if not isinstance(profile, ClusterProfile):
+            raise ValueError(f"profile: expected a ClusterProfile, got {type(profile).__name__} (see load_profile)")
+        if calibration is not None and not isinstance(calibration, Calibration):
+            raise ValueError(f"calibration: expected a Calibration or None, got {type(calibration).__name__}")
+        self.profile = profile
+        self.calibration = calibration
+
+    @classmethod
+    def from_options(
+        cls,
+        cluster: Union[str, Mapping[str, Any], ClusterProfile] = "h100-nvlink",
+        calibration_path: Union[str, "os.PathLike[str]", None] = None,
+    ) -> "CostModel":
+        """Build from ``Options.cluster`` / ``Options.calibration`` values."""
+        calibration = Calibration.load(calibration_path) if calibration_path is not None else None
+        return cls(load_profile(cluster), calibration)
+
+    def key(self) -> str:
+        """Identifies what this model answers (profile + calibration), for cache keys and dumps."""
+        cal = self.calibration.digest() if self.calibration is not None else "none"
+        text = json.dumps(self.profile.to_dict(), sort_keys=True)
+        return f"{self.profile.name}:{hashlib.sha256(text.encode()).hexdigest()[:12]}:{cal}"
+
+    # -- collectives ------------------------------------------------------------------------------------
+    def collective_ms(
+        self,
+        op: Union[CollectiveOp, str],
+        nbytes: int,
+        group_size: int,
+        group_ranks: Sequence[int] | None = None,
+    ) -> float:
+        """Time of one collective; ``nbytes`` is the full payload (see ``collectives``)."""
+        op = collectives.normalize_op(op)
+        if self.calibration is not None and group_size > 1 and nbytes > 0:
+            measured = self.calibration.collective_ms(op, nbytes, group_size)
+            if measured is not None:
+                return measured
+        return collectives.collective_ms(op, nbytes, group_size, self.profile, group_ranks)
+
+    # -- compute ----------------------------------------------------------------------------------------
+    def compute_ms(self, flops: float, bytes_moved: float, dtype: Any = None) -> float:
+        """Roofline time of one kernel (launch overhead included)."""
+        return roofline.compute_ms(flops, bytes_moved, dtype, self.profile)
+
+    def node_ms(self, node: DagNode) -> float:
+        """Time of one DAG node: collectives priced, waits free, compute from calibration or roofline."""
+        if node.kind is NodeKind.WAIT:
+            return 0.0
+        if node.kind is NodeKind.COLLECTIVE:
+            if node.collective is None:
+                raise ValueError(f"node {node.name!r}: collective=None, expected a CollectiveOp on a collective node")
+            if node.group_size is None:
+                raise ValueError(f"node {node.name!r}: group_size=None, expected the process group's size")
+            return self.collective_ms(node.collective, node.comm_bytes, node.group_size, node.group_ranks)
+        if self.calibration is not None and node.op:
+            measured = self.calibration.compute_ms(node.op, _node_shapes(node))
+            if measured is not None:
+                return measured
+        moved = node.in_bytes + node.out_bytes
+        if not node.flops and not moved:
+            return 0.0  # a view / reshape: no kernel runs
+        return self.compute_ms(node.flops, moved, node.dtype)
+
+    def estimate(self, dag: Union[Dag, Sequence[DagNode]]) -> list[float]:
+        """One time in ms per node, in the DAG's node order."""
+        nodes = dag.nodes if isinstance(dag, Dag) else dag
+        return [self.node_ms(n) for n in nodes]
+
+    def __repr__(self) -> str:
+        return f"CostModel(profile={self.profile.name!r}, calibration={self.calibration!r})"
+
+
+def _node_shapes(node: DagNode) -> str | None:
+    """The shapes string of a compute node's inputs when its origin is an FX node carrying fake values."""
+    import torch.fx
+
+    origin = node.origin
+    if not isinstance(origin, torch.fx.Node):
+        return None
+    vals = []
+    for a in origin.args:
+        for x in a if isinstance(a, (list, tuple)) else (a,):
+            if isinstance(x, torch.fx.Node) and x.meta.get("val") is not None:
+                vals.append(x.meta["val"])
+    return shapes_key(vals)

@@ -1,0 +1,223 @@
+"""Cluster profiles: the hardware numbers the analytic cost model runs on.
+
+A profile is a flat, frozen record so it can be hashed, compared and put in cache keys.  Shipped profiles
+live in ``profiles/<name>.json`` next to this module (package data); a user profile is a mapping of the same
+fields, optionally starting from a shipped one with ``"base": "<name>"``.
+
+Conventions (see each shipped JSON's ``description`` for its sources):
+
+* Bandwidths are *achieved NCCL bus bandwidths* in GB/s (10**9 bytes/s), the number nccl-tests prints as
+  ``busbw`` on its plateau, not link line rates.  ``intra_node_bw_gbps`` is the ring bus bandwidth of a group
+  inside one node; ``inter_node_bw_per_nic_gbps`` is what one NIC sustains.
+* Latencies follow NCCL's tuning model, for two protocols: *Simple* (full bandwidth, higher latency) and
+  *LL* (low latency, ``ll_bandwidth_fraction`` of the bandwidth; 0 disables it, e.g. for gloo).  Each
+  algorithm (ring, tree) has a base latency; every ring step / tree level adds a per-hop latency that
+  depends on whether the hop stays inside a node or crosses the network.  LL128 and NVLS are not modelled.
+* Compute: dense peak TFLOP/s per dtype, memory bandwidth in GB/s and a fixed per-kernel overhead in µs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Mapping, Union
+
+__all__ = [
+    "ClusterProfile",
+    "available_profiles",
+    "load_profile",
+    "profile_from_mapping",
+]
+
+
+@dataclass(frozen=True)
+class ClusterProfile:
+    """Hardware numbers of one cluster type; see the module docstring for units and conventions."""
+
+    name: str
+    gpus_per_node: int
+    intra_node_bw_gbps: float
+    inter_node_bw_per_nic_gbps: float
+    nics_per_node: int
+    ring_base_latency_simple_us: float
+    ring_base_latency_ll_us: float
+    tree_base_latency_simple_us: float
+    tree_base_latency_ll_us: float
+    intra_hop_latency_simple_us: float
+    intra_hop_latency_ll_us: float
+    inter_hop_latency_simple_us: float
+    inter_hop_latency_ll_us: float
+    ll_bandwidth_fraction: float
+    tree_bandwidth_fraction: float
+    tflops_float32: float
+    tflops_bfloat16: float
+    tflops_float16: float
+    mem_bw_gbps: float
+    kernel_launch_us: float
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        _validate(self)
+
+    def replace(self, **changes: Any) -> "ClusterProfile":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form; ``profile_from_mapping(p.to_dict()) == p``."""
+        return dataclasses.asdict(self)
+
+
+_INT_FIELDS = ("gpus_per_node", "nics_per_node")
+_FRACTION_FIELDS = ("ll_bandwidth_fraction", "tree_bandwidth_fraction")
+_STR_FIELDS = ("name", "description")
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ClusterProfile))
+_REQUIRED = tuple(
+    f.name for f in dataclasses.fields(ClusterProfile) if f.default is dataclasses.MISSING and f.name != "name"
+)
+# everything else must be a positive finite number
+_POSITIVE_FIELDS = tuple(n for n in _FIELD_NAMES if n not in _INT_FIELDS + _FRACTION_FIELDS + _STR_FIELDS)
+
+
+def _validate(p: ClusterProfile) -> None:
+    def bad(field: str, expected: str) -> ValueError:
+        return ValueError(
+            f"cluster profile {p.name!r}: {field}={getattr(p, field)!r} is not valid, expected {expected}"
+        )
+
+    for f in _STR_FIELDS:
+        if not isinstance(getattr(p, f), str):
+            raise bad(f, "a string")
+    if not p.name:
+        raise bad("name", "a non-empty string")
+    for f in _INT_FIELDS:
+        v = getattr(p, f)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise bad(f, "an integer >= 1")
+    for f in _POSITIVE_FIELDS:
+        v = getattr(p, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise bad(f, "a positive finite number")
+    v = p.ll_bandwidth_fraction
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+        raise bad("ll_bandwidth_fraction", "a number in [0, 1] (0 disables the LL protocol)")
+    v = p.tree_bandwidth_fraction
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise bad("tree_bandwidth_fraction", "a number in (0, 1]")
+
+
+def _profiles_dir():
+    return resources.files(__package__).joinpath("profiles")
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped() -> dict[str, str]:
+    """name -> JSON text of every shipped profile."""
+    out: dict[str, str] = {}
+    for entry in _profiles_dir().iterdir():
+        if entry.name.endswith(".json"):
+            out[entry.name[: -len(".json")]] = entry.read_text(encoding="utf-8")
+    return out
+
+
+def available_profiles() -> list[str]:
+    """Names of the shipped profiles, sorted."""
+    return sorted(_shipped())
+
+
+@functools.lru_cache(maxsize=None)
+def _load_shipped(name: str) -> ClusterProfile:
+    text = _shipped()[name]
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:  # a packaging error, not a user error
+        raise ValueError(f"shipped cluster profile {name}.json is not valid JSON: {exc}") from None
+    if data.get("name", name) != name:
+        raise ValueError(f"shipped cluster profile {name}.json names itself {data.get('name')!r}")
+    data["name"] = name
+    return _from_complete_mapping(data, where=f"profile {name!r}")
+
+
+def _unknown_name(name: str) -> ValueError:
+    return ValueError(
+        f"unknown cluster profile {name!r}: expected one of {', '.join(available_profiles())} "
+        "(or a mapping of profile values)"
+    )
+
+
+def _coerce(field: str, value: Any, where: str) -> Any:
+    """JSON gives ints for whole floats and floats for ints: make numbers fit the field's type."""
+    if field in _STR_FIELDS:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {field}={value!r} is not valid, expected a number")
+    if field in _INT_FIELDS:
+        if float(value) != int(value):
+            raise ValueError(f"{where}: {field}={value!r} is not valid, expected an integer")
+        return int(value)
+    return float(value)
+
+
+def _from_complete_mapping(data: Mapping[str, Any], where: str) -> ClusterProfile:
+    unknown = sorted(set(data) - set(_FIELD_NAMES))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown field(s) {', '.join(map(repr, unknown))}; expected fields: {', '.join(_FIELD_NAMES)}"
+        )
+    missing = [f for f in _REQUIRED if f not in data]
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (or give \"base\": a shipped profile name)")
+    values = {k: _coerce(k, v, where) for k, v in data.items()}
+    values.setdefault("name", "custom")
+    return ClusterProfile(**values)
+
+
+def profile_from_mapping(mapping: Mapping[str, Any]) -> ClusterProfile:
+    """A user-defined profile.
+
+    Either every field is given, or ``"base": "<shipped name>"`` names a profile whose fields the mapping
+    overrides.  The name defaults to ``"<base>+custom"`` (or ``"custom"``) so a modified profile is never
+    mistaken for a shipped one.
+    """
+    if not isinstance(mapping, Mapping):
+        raise ValueError(f"cluster profile: expected a mapping of profile values, got {type(mapping).__name__}")
+    data = dict(mapping)
+    base = data.pop("base", None)
+    if base is None:
+        return _from_complete_mapping(data, where="cluster profile mapping")
+    if not isinstance(base, str):
+        raise ValueError(f"cluster profile mapping: base={base!r} is not valid, expected a shipped profile name")
+    if base not in _shipped():
+        raise _unknown_name(base)
+    merged = _load_shipped(base).to_dict()
+    merged["name"] = f"{base}+custom"
+    merged.update(data)
+    return _from_complete_mapping(merged, where=f"cluster profile mapping (base {base!r})")
+
+
+def load_profile(name_or_mapping: Union[str, Mapping[str, Any], ClusterProfile, os.PathLike]) -> ClusterProfile:
+    """A shipped profile by name, a mapping (see ``profile_from_mapping``), a profile, or a JSON file path."""
+    if isinstance(name_or_mapping, ClusterProfile):
+        return name_or_mapping
+    if isinstance(name_or_mapping, Mapping):
+        return profile_from_mapping(name_or_mapping)
+    if isinstance(name_or_mapping, (str, os.PathLike)):
+        name = os.fspath(name_or_mapping)
+        if name in _shipped():
+            return _load_shipped(name)
+        if name.endswith(".json") and os.path.isfile(name):
+            try:
+                with open(name, encoding="utf-8") as fh:
+                    data = json.load(fh)
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"cluster profile file {name}: cannot read it as JSON ({exc})") from None
+            return profile_from_mapping(data)
+        raise _unknown_name(name)
+    raise ValueError(
+        f"cluster: expected a profile name, a mapping or a ClusterProfile, got {type(name_or_mapping).__name__}"
+    )
