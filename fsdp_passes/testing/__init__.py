@@ -1,1 +1,43 @@
-"""testing"""
+"""Test harness: fake and gloo process groups, SimpleFSDP-style models, graph and scheduler capture.
+
+>>> from fsdp_passes.testing import fake_process_group, build_mlp, example_inputs, capture_fx_graphs
+>>> with fake_process_group(world_size=8):
+...     model = build_mlp(n_layers=2, dim=64)
+...     graphs = capture_fx_graphs(model, *example_inputs(model))
+"""
+
+from .capture import CapturedGraphs, SchedulerCapture, capture_fx_graphs, capture_scheduler_nodes
+from .gloo import RankFailed, run_on_gloo
+from .models import (
+    FSDP_PARAM_META_KEY,
+    FSDPParam,
+    Llama,
+    MLP,
+    build_llama,
+    build_mlp,
+    example_inputs,
+    fsdp_param_of,
+    fsdp_params,
+    simple_fsdp,
+)
+from .process_group import fake_process_group
+
+__all__ = [
+    "CapturedGraphs",
+    "SchedulerCapture",
+    "capture_fx_graphs",
+    "capture_scheduler_nodes",
+    "RankFailed",
+    "run_on_gloo",
+    "FSDP_PARAM_META_KEY",
+    "FSDPParam",
+    "Llama",
+    "MLP",
+    "build_llama",
+    "build_mlp",
+    "example_inputs",
+    "fsdp_param_of",
+    "fsdp_params",
+    "simple_fsdp",
+    "fake_process_group",
+]

@@ -1,0 +1,105 @@
+"""Run a function on a real multi-process gloo group on this machine."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+__all__ = ["run_on_gloo", "RankFailed"]
+
+
+class RankFailed(RuntimeError):
+    """A rank of :func:`run_on_gloo` raised; the message carries its traceback."""
+
+    def __init__(self, rank: int, tb: str) -> None:
+        super().__init__(f"rank {rank} failed:\n{tb}")
+        self.rank = rank
+        self.traceback = tb
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple,
+               results: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.compile_threads = 1
+    except Exception:  # pragma: no cover - inductor missing is not fatal here
+        pass
+    try:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+            timeout=timedelta(seconds=timeout),
+        )
+        try:
+            out = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        results.put((rank, True, out))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))
+
+
+def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 120) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined by a gloo group.
+
+    The group (127.0.0.1, a free port) is the default process group in each process and is destroyed when
+    ``fn`` returns; each process uses one intra-op thread.  ``fn``, ``args`` and the results must be
+    picklable (``fn`` defined at module level).  Returns the results in rank order.  Raises
+    :class:`RankFailed` (with the rank's traceback) if a rank raises, ``TimeoutError`` after ``timeout``
+    seconds.
+    """
+    if world_size < 1:
+        raise ValueError(f"run_on_gloo: world_size={world_size}, expected >= 1")
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_rank_main, args=(r, world_size, port, timeout, fn, args, results),
+                    name=f"gloo-rank-{r}")
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    out: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(set(range(world_size)) - set(out))
+                raise TimeoutError(f"run_on_gloo: ranks {missing} did not finish within {timeout} s")
+            try:
+                rank, ok, value = results.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs) if r not in out and not p.is_alive() and p.exitcode != 0]
+                if dead:
+                    raise RankFailed(dead[0], f"process exited with code {procs[dead[0]].exitcode} without a result")
+                continue
+            if not ok:
+                raise RankFailed(rank, value)
+            out[rank] = value
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(out) == world_size else 0.1)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        results.close()
+    return [out[r] for r in range(world_size)]
