@@ -141,26 +141,24 @@ class Dag:
         return False
 
     def ancestors_mask(self, i: int) -> int:
-        """Ancestors of ``i`` as a bitset (Python int), memoised; built in topological order in O(V+E)."""
+        """Ancestors of ``i`` as a bitset (Python int): one DFS over the ancestors, memoised per queried node.
+
+        Only queried nodes are cached (caching every node's set costs O(V^2) bits on long chains).
+        """
         cached = self._reach_cache.get(i)
         if cached is not None:
             return cached
-        # iterative post-order so 100k-node chains do not hit the recursion limit
-        stack: list[tuple[int, bool]] = [(i, False)]
-        cache = self._reach_cache
+        mask = 0
+        stack = list(self.preds[i])
         while stack:
-            u, expanded = stack.pop()
-            if u in cache:
+            u = stack.pop()
+            bit = 1 << u
+            if mask & bit:
                 continue
-            if expanded:
-                mask = 0
-                for p in self.preds[u]:
-                    mask |= cache[p] | (1 << p)
-                cache[u] = mask
-            else:
-                stack.append((u, True))
-                stack.extend((p, False) for p in self.preds[u] if p not in cache)
-        return cache[i]
+            mask |= bit
+            stack.extend(p for p in self.preds[u] if not (mask >> p) & 1)
+        self._reach_cache[i] = mask
+        return mask
 
     def topological_order(self) -> list[int]:
         return sorted(range(len(self.nodes)), key=self._topo_rank.__getitem__)
@@ -216,7 +214,7 @@ class Dag:
         colours = {NodeKind.COLLECTIVE: "#f4a261", NodeKind.WAIT: "#e9c46a", NodeKind.COMPUTE: "#ffffff"}
         lines = [f'digraph "{name}" {{', "  node [shape=box, style=filled, fontname=monospace];"]
         for i, node in enumerate(self.nodes):
-            label = node.name if node.kind is NodeKind.COMPUTE else f"{node.name}\\n{node.collective or 'wait'}"
+            label = node.name if node.kind is NodeKind.COMPUTE else f"{node.name}\\n{node.collective.value if node.collective else 'wait'}"
             if node.group_name is not None:
                 label += f"\\npg={node.group_name}"
             lines.append(f'  n{i} [label="{label}", fillcolor="{colours[node.kind]}"];')

@@ -20,6 +20,8 @@ from ..dag.ops import classify, group_facts
 def _size_hint(expr: Any) -> int:
     if isinstance(expr, int):
         return expr
+    if getattr(expr, "is_number", False):  # a sympy constant: no graph needed
+        return int(expr)
     from torch._inductor.virtualized import V
 
     return int(V.graph.sizevars.optimization_hint(expr, fallback=0))
