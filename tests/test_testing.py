@@ -179,6 +179,32 @@ def test_capture_scheduler_nodes_forward_and_backward(fake_pg):
     assert elapsed < 30
 
 
+def test_capture_options_run_under_fsdp_passes_enabled(fake_pg, fresh_inductor, monkeypatch):
+    import contextlib
+
+    import fsdp_passes
+    from torch._inductor import config as inductor_config
+
+    calls = []
+
+    def marker(nodes):
+        calls.append(len(nodes))
+        return nodes
+
+    @contextlib.contextmanager
+    def fake_enabled(**options):
+        calls.append(options)
+        with inductor_config.patch(reorder_for_compute_comm_overlap=True,
+                                   reorder_for_compute_comm_overlap_passes=[marker]):
+            yield options
+
+    monkeypatch.setattr(fsdp_passes, "enabled", fake_enabled, raising=False)
+    model = build_mlp(n_layers=1, dim=32)
+    caps = capture_scheduler_nodes(model, *example_inputs(model), options={"bucketing": "none"})
+    assert calls[0] == {"bucketing": "none"} and calls[1:] == [len(c.before) for c in caps]
+    assert inductor_config.reorder_for_compute_comm_overlap_passes == []
+
+
 # ------------------------------------------------------------------ gloo
 
 
@@ -201,7 +227,10 @@ def _compiled_vs_eager(rank: int, world_size: int) -> dict:
             loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
         )
     (le, ge), (lc, gc) = results["eager"], results["compiled"]
+    from torch._dynamo.utils import counters
+
     return {
+        "graphs": counters["stats"]["unique_graphs"],
         "loss_equal": bool(torch.equal(le, lc)),
         "max_rel": max(((ge[n] - gc[n]).norm() / ge[n].norm().clamp_min(1e-30)).item() for n in ge),
     }
@@ -216,5 +245,5 @@ def test_gloo_compiled_simple_fsdp_matches_eager():
     results = run_on_gloo(2, _compiled_vs_eager, timeout=240)
     assert len(results) == 2
     for r in results:
-        assert r["loss_equal"], r
+        assert r["graphs"] >= 1 and r["loss_equal"], r
         assert r["max_rel"] <= 1e-6, r
