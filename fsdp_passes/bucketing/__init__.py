@@ -1,1 +1,168 @@
-"""bucketing"""
+"""Bucketing: merge FSDP collectives (what to merge: ``plan_manual`` / ``plan_auto``; how: ``apply_buckets``).
+
+``bucket_graph(graph, options)`` is the one call for a captured post-grad graph: it builds the DAG, plans
+according to ``options.bucketing`` ("auto", "manual" with ``options.bucket_plan``, or "none"), rewrites the
+graph in place and returns what it did.  See docs/bucketing.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch.fx as fx
+
+from ..dag.from_fx import dag_from_fx
+from ..dag.graph import Dag
+from ..options import Options
+from .auto import plan_auto
+from .manual import UnmatchedPlanEntry, expand_pattern, expand_plan, plan_manual
+from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
+from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
+
+__all__ = [
+    "BUCKET_META_KEY",
+    "Bucket",
+    "BucketPlanResult",
+    "BucketingResult",
+    "RewriteStats",
+    "UnmatchedPlanEntry",
+    "apply_buckets",
+    "bucket_graph",
+    "expand_pattern",
+    "expand_plan",
+    "plan_auto",
+    "plan_bucketing",
+    "plan_cycles",
+    "plan_manual",
+]
+
+
+@dataclass
+class BucketingResult:
+    """What ``bucket_graph`` did to one graph.
+
+    ``buckets``: every planned bucket (single-member ones included: their ``close_reason`` says why they did
+    not grow); ``unbucketed``: collective name -> why it was not considered; ``unmatched_entries``: manual
+    plan entries that matched nothing in this graph (only when not strict); ``collectives``: names of the
+    merged collectives now in the graph.
+    """
+
+    mode: str
+    buckets: list[Bucket]
+    n_collectives_before: int
+    n_collectives_after: int
+    unbucketed: dict[str, str] = field(default_factory=dict)
+    unmatched_entries: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+    rewrite: RewriteStats | None = None
+
+    @property
+    def merged(self) -> list[Bucket]:
+        return [b for b in self.buckets if len(b) > 1]
+
+    def summary(self) -> str:
+        lines = [
+            f"bucketing={self.mode}: {self.n_collectives_before} -> {self.n_collectives_after} collectives "
+            f"({len(self.merged)} merged buckets)"
+        ]
+        for b in self.merged:
+            lines.append(
+                f"  {b.op.value} pg={b.group_name} {b.dtype} x{len(b)} {b.comm_bytes} B [{b.label}] "
+                f"closed by {b.close_reason}"
+            )
+        if self.unmatched_entries:
+            lines.append(f"  plan entries matching nothing: {', '.join(self.unmatched_entries)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "n_collectives_before": self.n_collectives_before,
+            "n_collectives_after": self.n_collectives_after,
+            "buckets": [b.to_json() for b in self.buckets],
+            "unbucketed": dict(self.unbucketed),
+            "unmatched_entries": list(self.unmatched_entries),
+            "collectives": list(self.collectives),
+        }
+
+
+def plan_bucketing(
+    dag: Dag,
+    options: Options,
+    cost_model: Any = None,
+    *,
+    param_fqns: Mapping[str, str] | None = None,
+    baseline_peak: int | None = None,
+) -> BucketPlanResult:
+    """The plan ``options`` ask for, made acyclic (a bucket that would close a cycle is split)."""
+    mode = options.bucketing
+    if mode == "none":
+        from ..dag.graph import NodeKind
+
+        n = sum(1 for node in dag.nodes if node.kind is NodeKind.COLLECTIVE)
+        return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
+    if mode == "manual":
+        if not options.bucket_plan:
+            raise ValueError("fsdp_passes option bucket_plan is required when bucketing='manual'")
+        plan = plan_manual(dag, options.bucket_plan, bucket_non_fsdp=options.bucket_non_fsdp,
+                           param_fqns=param_fqns, strict=options.strict)
+    elif mode == "auto":
+        if cost_model is None:
+            from ..cost_model import CostModel
+
+            cost_model = CostModel.from_options(options.cluster, options.calibration)
+        durations = cost_model.estimate(dag)
+        if baseline_peak is None:
+            from ..simulate.memory import peak_memory
+
+            baseline_peak = peak_memory(dag, list(range(len(dag.nodes))))
+        budget = options.memory_budget_bytes(baseline_peak)
+        plan = plan_auto(dag, durations, cost_model, bucket_cap_mb=options.bucket_cap_mb,
+                         memory_budget_bytes=budget, bucket_non_fsdp=options.bucket_non_fsdp)
+    else:
+        raise ValueError(f"fsdp_passes option bucketing={mode!r} is not valid: expected 'auto', 'manual' or 'none'")
+    return break_cycles(dag, plan)
+
+
+def bucket_graph(
+    graph: fx.Graph | fx.GraphModule,
+    options: Options | None = None,
+    cost_model: Any = None,
+    *,
+    param_fqns: Mapping[str, str] | None = None,
+    baseline_peak: int | None = None,
+) -> BucketingResult:
+    """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
+
+    cost_model: a ``fsdp_passes.cost_model.CostModel`` for ``bucketing="auto"`` (default: one built from
+        ``options.cluster`` / ``options.calibration``).
+    param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
+    baseline_peak: the unbucketed graph's peak memory in bytes, for a percentage ``memory_budget``
+        (default: simulated from the DAG in graph order).
+
+    Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
+    ``options.strict``; otherwise they are reported in the result and warned about.
+    """
+    options = options or Options()
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    dag = dag_from_fx(g)
+    plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, baseline_peak=baseline_peak)
+    if plan.unmatched_entries:
+        warnings.warn(
+            f"fsdp_passes: bucket_plan entries {', '.join(map(repr, plan.unmatched_entries))} matched no "
+            f"bucketable collective of graph with {plan.n_collectives_before} collectives",
+            stacklevel=2,
+        )
+    stats = apply_buckets(graph, dag, plan.buckets)
+    return BucketingResult(
+        mode=options.bucketing,
+        buckets=plan.buckets,
+        n_collectives_before=plan.n_collectives_before,
+        n_collectives_after=plan.n_collectives_after,
+        unbucketed={dag.nodes[i].name: why for i, why in sorted(plan.unbucketed.items())},
+        unmatched_entries=list(plan.unmatched_entries),
+        collectives=list(stats.collectives),
+        rewrite=stats,
+    )

@@ -1,0 +1,161 @@
+"""Manual bucket plans: module FQN patterns, as users write them for transformers.
+
+``["tok_embeddings", "layers.[0-31]", ["norm", "output"]]``:
+
+* a string is one bucket; a numeric range ``[a-b]`` (or list ``[0,2,5]``) inside it expands to one bucket per
+  value (``layers.0`` ... ``layers.31``);
+* a nested list is one bucket holding everything its patterns match (ranges inside it stay in that bucket);
+* a pattern matches a collective whose FQN equals it or starts with ``pattern + "."``; ``*`` and ``?``
+  wildcards work as in ``fnmatch`` (``"layers.*.attention"``).
+
+The FQN of a collective is its parameter's FQN when the graph records it (``meta["custom"]["fsdp_param"]``,
+or ``param_fqns`` mapping the gathered placeholder's name to the parameter FQN), else the module that ran it
+(``nn_module_stack``, ``fwd_nn_module_stack`` in backward).  The first entry (in plan order) that matches a
+collective claims it.
+
+Each entry gives one bucket per (op, process group, reduce op, dtype): the forward all-gathers, backward
+re-gathers and gradient reduce-scatters of a layer are separate buckets, as are bf16 gathers and fp32 ones.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+from typing import Mapping, Sequence, Union
+
+from ..dag.graph import Dag, DagNode
+from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, param_name, split_dependent
+
+PlanEntry = Union[str, Sequence[str]]
+
+_RANGE_RE = re.compile(r"\[\s*(\d+)\s*-\s*(\d+)\s*\]|\[\s*(\d+(?:\s*,\s*\d+)+)\s*\]")
+
+
+class UnmatchedPlanEntry(ValueError):
+    """A ``bucket_plan`` entry matched no bucketable collective of the graph."""
+
+    def __init__(self, entries: list[str], detail: str = "") -> None:
+        self.entries = entries
+        shown = ", ".join(repr(e) for e in entries)
+        super().__init__(f"bucket_plan entr{'y' if len(entries) == 1 else 'ies'} {shown} matched no bucketable "
+                         f"collective of this graph{detail}")
+
+
+def expand_pattern(pattern: str) -> list[str]:
+    """``"layers.[0-2].attn"`` -> ``["layers.0.attn", "layers.1.attn", "layers.2.attn"]``; no range: itself."""
+    pieces: list[list[str]] = []
+    pos = 0
+    for m in _RANGE_RE.finditer(pattern):
+        pieces.append([pattern[pos : m.start()]])
+        if m.group(1) is not None:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ValueError(f"bucket_plan pattern {pattern!r}: range [{lo}-{hi}] is empty")
+            pieces.append([str(v) for v in range(lo, hi + 1)])
+        else:
+            pieces.append([v.strip() for v in m.group(3).split(",")])
+        pos = m.end()
+    pieces.append([pattern[pos:]])
+    return ["".join(parts) for parts in itertools.product(*pieces)]
+
+
+def expand_plan(bucket_plan: Sequence[PlanEntry]) -> list[tuple[str, list[str]]]:
+    """Plan entries -> ``[(label, patterns)]``, one item per bucket-to-be, in plan order."""
+    if isinstance(bucket_plan, str) or not isinstance(bucket_plan, Sequence) or not bucket_plan:
+        raise ValueError(f"bucket_plan={bucket_plan!r}: expected a non-empty list of FQN patterns or lists of them")
+    out: list[tuple[str, list[str]]] = []
+    for entry in bucket_plan:
+        if isinstance(entry, str):
+            if not entry:
+                raise ValueError("bucket_plan: empty pattern")
+            out.extend((p, [p]) for p in expand_pattern(entry))
+        elif isinstance(entry, Sequence) and entry and all(isinstance(p, str) and p for p in entry):
+            patterns = [p for e in entry for p in expand_pattern(e)]
+            out.append(("[" + ", ".join(entry) + "]", patterns))
+        else:
+            raise ValueError(f"bucket_plan entry {entry!r}: expected a pattern string or a non-empty list of them")
+    return out
+
+
+def matches(fqn: str, pattern: str) -> bool:
+    """``fqn`` is ``pattern``, lies under it (``pattern + "."`` prefix), or fnmatch-matches it (or under it)."""
+    if fqn == pattern or fqn.startswith(pattern + "."):
+        return True
+    if any(ch in pattern for ch in "*?["):
+        return fnmatch.fnmatchcase(fqn, pattern) or fnmatch.fnmatchcase(fqn, pattern + ".*")
+    return False
+
+
+def collective_fqn(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> str | None:
+    """The FQN a plan pattern is matched against: the parameter's when known, else the module's."""
+    name = param_name(node)
+    if name:
+        return name
+    if param_fqns and node.param_fqn and node.param_fqn in param_fqns:
+        return param_fqns[node.param_fqn]
+    return node.module_fqn or None
+
+
+def plan_manual(
+    dag: Dag,
+    bucket_plan: Sequence[PlanEntry],
+    *,
+    bucket_non_fsdp: bool = False,
+    param_fqns: Mapping[str, str] | None = None,
+    strict: bool = True,
+) -> BucketPlanResult:
+    """Buckets from ``bucket_plan`` (see the module docstring).
+
+    An entry that matches no bucketable collective raises ``UnmatchedPlanEntry`` (a ``ValueError`` naming it)
+    when ``strict``; otherwise it is listed in the result's ``unmatched_entries``.  Collectives no entry
+    matches stay alone, with the reason in ``unbucketed``.
+    """
+    entries = expand_plan(bucket_plan)
+    collectives = dag.collectives()
+    unbucketed: dict[int, str] = {}
+    claimed: list[list[int]] = [[] for _ in entries]
+    for c in collectives:
+        why = bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp)
+        if why:
+            unbucketed[c] = why
+            continue
+        fqn = collective_fqn(dag.nodes[c], param_fqns)
+        if fqn is None:
+            unbucketed[c] = "no parameter or module FQN recorded on the node: no plan entry can match it"
+            continue
+        for k, (_, patterns) in enumerate(entries):
+            if any(matches(fqn, p) for p in patterns):
+                claimed[k].append(c)
+                break
+        else:
+            unbucketed[c] = f"{fqn}: not matched by any bucket_plan entry"
+
+    missing = [label for (label, _), members in zip(entries, claimed) if not members]
+    if missing and strict:
+        known = sorted({f for c in collectives if (f := collective_fqn(dag.nodes[c], param_fqns))})
+        hint = f" (FQNs seen: {', '.join(known[:6])}{', ...' if len(known) > 6 else ''})" if known else ""
+        raise UnmatchedPlanEntry(missing, hint)
+
+    buckets: list[Bucket] = []
+    for (label, _), members in zip(entries, claimed):
+        by_key: dict[tuple, list[int]] = {}
+        for c in members:
+            by_key.setdefault(bucket_key(dag.nodes[c]), []).append(c)
+        # several dtypes of the same (op, group, reduce op) inside one entry: one bucket per dtype
+        per_op: dict[tuple, int] = {}
+        for key in by_key:
+            per_op[(key[0], key[1], key[2])] = per_op.get((key[0], key[1], key[2]), 0) + 1
+        for key, ms in by_key.items():
+            runs = split_dependent(dag, ms)
+            for r_idx, run in enumerate(runs):
+                if r_idx < len(runs) - 1:
+                    reason = "dependency"
+                elif per_op[(key[0], key[1], key[2])] > 1:
+                    reason = "dtype"
+                else:
+                    reason = "plan"
+                buckets.append(make_bucket(dag, run, close_reason=reason, label=label))
+    buckets.sort(key=lambda b: b.members[0])
+    return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives),
+                            unmatched_entries=missing)

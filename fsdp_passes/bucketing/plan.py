@@ -1,0 +1,290 @@
+"""What a bucketing planner produces: buckets of DAG collectives, and why the others stay alone.
+
+A plan is pure data over DAG node ids; ``bucketing.rewrite`` applies it to the FX graph.  Helpers shared by
+the planners live here too: which collectives may be bucketed at all (``bucketability``), the key that
+members of one bucket must share (``bucket_key``), splitting a member list where one member depends on
+another (``split_dependent``) and the whole-plan cycle check (``plan_cycles``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+
+#: Collective kinds the rewrite knows how to merge.
+BUCKETABLE_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+
+#: Why a bucket stopped growing.
+CLOSE_REASONS = (
+    "plan",        # a manual plan entry ended here
+    "size_cap",    # the next member would exceed bucket_cap_mb
+    "memory",      # the next member would exceed the memory budget
+    "overlap",     # merging the next member would expose more communication than issuing it alone
+    "latency",     # merging the next member would not be cheaper than two collectives
+    "dependency",  # the next member depends on a member's result
+    "dtype",       # a manual plan entry holds several dtypes: one bucket per dtype
+    "cycle",       # split because buckets together would form a dependency cycle
+    "end",         # no more collectives of this kind
+)
+
+# fully qualified ops the rewrite emits for each kind (checked against the FX node's target)
+_FUNCTIONAL_NAMES = {
+    CollectiveOp.ALL_GATHER: "_c10d_functional.all_gather_into_tensor.default",
+    CollectiveOp.REDUCE_SCATTER: "_c10d_functional.reduce_scatter_tensor.default",
+    CollectiveOp.ALL_REDUCE: "_c10d_functional.all_reduce.default",
+}
+
+
+@dataclass
+class Bucket:
+    """Collectives merged into one.
+
+    ``members`` are DAG node ids of collectives in original graph order; all share ``op``, ``group_name``,
+    ``reduce_op`` and ``dtype``.  ``comm_bytes`` is the merged payload (NCCL convention, see ``DagNode``).
+    ``label`` names what formed it (a plan entry, or the auto planner's key).
+    """
+
+    members: list[int]
+    op: CollectiveOp
+    group_name: str
+    reduce_op: str | None
+    dtype: str | None
+    comm_bytes: int
+    close_reason: str = "end"
+    label: str = ""
+    member_names: list[str] = field(default_factory=list)
+    params: list[str | None] = field(default_factory=list)
+    extra_bytes: int = 0  # the planner's estimate of memory held longer because of the merge
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "members": list(self.member_names) or list(self.members),
+            "op": self.op.value,
+            "group": self.group_name,
+            "reduce_op": self.reduce_op,
+            "dtype": self.dtype,
+            "comm_bytes": self.comm_bytes,
+            "close_reason": self.close_reason,
+            "label": self.label,
+            "params": list(self.params),
+            "extra_bytes": self.extra_bytes,
+        }
+
+
+@dataclass
+class BucketPlanResult:
+    """A plan: buckets (each with at least one member), the collectives left alone with the reason why."""
+
+    buckets: list[Bucket]
+    unbucketed: dict[int, str]
+    n_collectives_before: int
+    unmatched_entries: list[str] = field(default_factory=list)  # manual plans: entries that matched nothing
+
+    @property
+    def n_collectives_after(self) -> int:
+        return self.n_collectives_before - sum(len(b) - 1 for b in self.buckets if len(b) > 1)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            "n_collectives_before": self.n_collectives_before,
+            "n_collectives_after": self.n_collectives_after,
+            "n_buckets": sum(1 for b in self.buckets if len(b) > 1),
+        }
+
+
+# -- what may be bucketed ------------------------------------------------------------------------------------
+
+def bucket_key(node: DagNode) -> tuple[str, str, str | None, str | None, int | None]:
+    """Members of one bucket share process group, op, reduce op, dtype and group size."""
+    op = node.collective.value if node.collective is not None else "?"
+    return (op, node.group_name or "?", node.reduce_op, node.dtype, node.group_size)
+
+
+def bucketability(dag: Dag, i: int, *, bucket_non_fsdp: bool = False) -> str | None:
+    """None if collective ``i`` may join a bucket, else the reason it may not."""
+    node = dag.nodes[i]
+    if node.kind is not NodeKind.COLLECTIVE:
+        return "not a collective"
+    if node.collective not in BUCKETABLE_OPS:
+        return f"{node.collective.value if node.collective else 'unknown'} collectives are not bucketed"
+    if not node.fsdp and not bucket_non_fsdp:
+        return "not an FSDP parameter gather / gradient reduction (set bucket_non_fsdp=True to include it)"
+    if not node.group_size or node.group_size < 1:
+        return "unknown process-group size"
+    waits = [s for s in dag.succs[i] if dag.nodes[s].kind is NodeKind.WAIT]
+    if len(waits) != 1:
+        return f"has {len(waits)} waits, expected exactly one"
+    origin = node.origin
+    if origin is not None and hasattr(origin, "users"):
+        err = _fx_bucketability(origin, node)
+        if err:
+            return err
+    return None
+
+
+def _fx_bucketability(fx_node: Any, node: DagNode) -> str | None:
+    import torch
+
+    from ..dag.from_fx import op_name
+
+    if op_name(fx_node) != _FUNCTIONAL_NAMES[node.collective]:
+        return f"op {op_name(fx_node)} is not the functional {_FUNCTIONAL_NAMES[node.collective]}"
+    users = list(fx_node.users)
+    if len(users) != 1 or "wait_tensor" not in op_name(users[0]):
+        return "its result is used by something other than one wait_tensor"
+    if not fx_node.args or not hasattr(fx_node.args[0], "meta"):
+        return "its input is not a graph node"
+    val = fx_node.args[0].meta.get("val")
+    out = fx_node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return "no tensor metadata (meta['val']) on its input or output"
+    if any(not isinstance(s, int) for s in tuple(val.shape) + tuple(out.shape)):
+        return "symbolic shape"
+    if val.dtype != out.dtype:
+        return "input and output dtypes differ"
+    if node.collective is CollectiveOp.REDUCE_SCATTER and (val.dim() == 0 or val.shape[0] % node.group_size):
+        return f"input dim 0 is not divisible by the group size {node.group_size}"
+    if node.collective is CollectiveOp.ALL_GATHER and val.dim() == 0:
+        return "0-d input"
+    return None
+
+
+# -- dependencies --------------------------------------------------------------------------------------------
+
+def split_dependent(dag: Dag, members: Sequence[int]) -> list[list[int]]:
+    """Split ``members`` (ascending ids) into runs where no member depends on an earlier one of its run.
+
+    Forward taint propagation over the id window of each run (ids are a topological order): O(window + its
+    edges) per run.
+    """
+    runs: list[list[int]] = []
+    if not members:
+        return runs
+    current = [members[0]]
+    tainted = {members[0]}
+    scanned = members[0]
+    preds = dag.preds
+    for m in members[1:]:
+        for v in range(scanned + 1, m):
+            if v not in tainted and any(p in tainted for p in preds[v]):
+                tainted.add(v)
+        scanned = m
+        if any(p in tainted for p in preds[m]):
+            runs.append(current)
+            current = [m]
+            tainted = {m}
+        else:
+            current.append(m)
+            tainted.add(m)
+    runs.append(current)
+    return runs
+
+
+def plan_cycles(dag: Dag, buckets: Iterable[Bucket]) -> list[int]:
+    """Indices (into ``buckets``) of multi-member buckets on a dependency cycle once merged; empty if none.
+
+    Contracts every bucket into one collective node (all members' inputs) and one wait node (all members'
+    users), then runs Kahn's algorithm: O(V + E).
+    """
+    buckets = list(buckets)
+    n = len(dag.nodes)
+    rep = list(range(n))
+    owner: dict[int, int] = {}
+    for b_idx, b in enumerate(buckets):
+        if len(b.members) < 2:
+            continue
+        c0 = b.members[0]
+        w0 = _wait_of(dag, c0)
+        for m in b.members:
+            rep[m] = c0
+            owner[m] = b_idx
+            w = _wait_of(dag, m)
+            if w is not None and w0 is not None:
+                rep[w] = w0
+                owner[w] = b_idx
+    succs: dict[int, set[int]] = {}
+    indeg: dict[int, int] = {}
+    nodes = {rep[i] for i in range(n)}
+    for r in nodes:
+        indeg[r] = 0
+    for u in range(n):
+        ru = rep[u]
+        for v in dag.succs[u]:
+            rv = rep[v]
+            if ru == rv:
+                continue
+            s = succs.setdefault(ru, set())
+            if rv not in s:
+                s.add(rv)
+                indeg[rv] += 1
+    ready = [r for r in nodes if indeg[r] == 0]
+    done = 0
+    while ready:
+        u = ready.pop()
+        done += 1
+        for v in succs.get(u, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    if done == len(nodes):
+        return []
+    stuck = {owner[r] for r in nodes if indeg[r] > 0 and r in owner}
+    return sorted(stuck)
+
+
+def _wait_of(dag: Dag, c: int) -> int | None:
+    for s in dag.succs[c]:
+        if dag.nodes[s].kind is NodeKind.WAIT:
+            return s
+    return None
+
+
+def make_bucket(dag: Dag, members: Sequence[int], *, close_reason: str, label: str = "") -> Bucket:
+    """A ``Bucket`` over ``members`` (sorted into graph order) with fields taken from the first member."""
+    members = sorted(members)
+    first = dag.nodes[members[0]]
+    return Bucket(
+        members=list(members),
+        op=first.collective or CollectiveOp.OTHER,
+        group_name=first.group_name or "?",
+        reduce_op=first.reduce_op,
+        dtype=first.dtype,
+        comm_bytes=sum(dag.nodes[m].comm_bytes for m in members),
+        close_reason=close_reason,
+        label=label,
+        member_names=[dag.nodes[m].name for m in members],
+        params=[param_name(dag.nodes[m]) for m in members],
+    )
+
+
+def param_name(node: DagNode) -> str | None:
+    """The parameter FQN a collective moves, when the graph says (``meta['custom']['fsdp_param']``)."""
+    origin = node.origin
+    meta = getattr(origin, "meta", None)
+    if isinstance(meta, dict):
+        custom = meta.get("custom")
+        if isinstance(custom, dict) and isinstance(custom.get("fsdp_param"), str):
+            return custom["fsdp_param"]
+    return None
+
+
+def break_cycles(dag: Dag, plan: BucketPlanResult, max_rounds: int = 64) -> BucketPlanResult:
+    """Split buckets that would form a dependency cycle once merged (rare: needs two interleaved buckets
+    whose inputs depend on each other's results) into single collectives, until the plan is acyclic."""
+    for _ in range(max_rounds):
+        stuck = plan_cycles(dag, plan.buckets)
+        if not stuck:
+            return plan
+        # split the latest-starting bucket on the cycle: the earlier ones keep their merge
+        victim = max(stuck, key=lambda k: plan.buckets[k].members[0])
+        b = plan.buckets.pop(victim)
+        for m in b.members:
+            plan.buckets.append(make_bucket(dag, [m], close_reason="cycle", label=b.label))
+        plan.buckets.sort(key=lambda x: x.members[0])
+    raise ValueError("bucket plan still has a dependency cycle after splitting buckets")

@@ -1,0 +1,371 @@
+"""Apply a bucket plan to a post-grad FX graph, in place.
+
+Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
+
+    flat  = cat([reshape(s_i, [-1]) ...])                 # one copy-in; casts feeding s_i fuse into it
+    out   = wait_tensor(all_gather_into_tensor(flat, n, group))
+    full  = view(out, [n, total])                          # row r = rank r's flat input
+    p_i   = reshape(slice(full, 1, off_i, off_i + numel_i), full_shape_i)
+
+Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
+
+    flat  = view(cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])
+    out   = wait_tensor(reduce_scatter_tensor(flat, op, n, group))
+    r_i   = view(slice(out, 0, off_i, off_i + numel_i / n), shard_shape_i)
+
+All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, slices viewed back.
+
+Every element travels the same way as in the unbucketed graph (same ranks, same reduction), so results are
+bitwise equal.  Members' payloads are laid out in their original graph order.
+
+Placement: the merged collective goes right after the last of its inputs (inputs that come after the first
+consumer of any member are hoisted before it, with whatever they depend on), its wait right before the first
+consumer of any member.  All buckets are inserted first; one stable topological sort of the whole graph then
+puts every node in place (O((V + E) log V)), keeping the original order wherever nothing forces a change.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..dag.graph import CollectiveOp, Dag
+from .plan import Bucket, bucket_key, bucketability, plan_cycles
+
+aten = torch.ops.aten
+c10d = torch.ops._c10d_functional
+
+#: meta key on the merged collective and its wait: which collectives it replaced.
+BUCKET_META_KEY = "fsdp_bucket"
+
+_COPIED_META = ("nn_module_stack", "fwd_nn_module_stack", "stack_trace", "source_fn_stack", "partitioner_tag")
+
+
+@dataclass
+class RewriteStats:
+    n_buckets: int = 0
+    n_collectives_removed: int = 0
+    n_nodes_added: int = 0
+    collectives: list[str] = field(default_factory=list)  # names of the merged collectives, one per bucket
+    moved_inputs: int = 0  # nodes hoisted so that an input is ready before the first consumer
+
+
+def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[Bucket], *,
+                  earliest: bool = False) -> RewriteStats:
+    """Merge each bucket of ``buckets`` (DAG ids of ``dag``, built from ``graph``) into one collective.
+
+    The merged collective is issued right after the last of its inputs, but (unless ``earliest``) not before
+    the place of its first member in the original graph: gathers of graph inputs are not all pulled to the
+    start of the graph, which would keep every gathered parameter alive at once; prefetching is the
+    reordering pass's decision, under its memory budget.  Its wait goes right before the first consumer of any
+    member.
+
+    Single-member buckets are left as they are.  Raises ``ValueError`` (naming the bucket / node) before
+    touching the graph if a bucket is inconsistent or the merge would create a dependency cycle.
+    """
+    gm = graph if isinstance(graph, fx.GraphModule) else None
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    multi = [b for b in buckets if len(b.members) >= 2]
+    stats = RewriteStats()
+    if not multi:
+        return stats
+    _validate(g, dag, multi)
+
+    positions: dict[fx.Node, int] = {n: i for i, n in enumerate(g.nodes)}
+    prio: dict[fx.Node, tuple] = {n: (i, 0) for n, i in positions.items()}
+    id_of = {dag.nodes[i].origin: i for i in range(len(dag.nodes)) if dag.nodes[i].origin is not None}
+    member_bucket: dict[fx.Node, int] = {}
+    for k, b in enumerate(multi):
+        for m in b.members:
+            c = dag.nodes[m].origin
+            member_bucket[c] = k
+            member_bucket[next(iter(c.users))] = k
+
+    # erased member node -> (node standing in for it as a dependency source, as a dependency target)
+    stand_in: dict[fx.Node, tuple[fx.Node, fx.Node]] = {}
+
+    for k, b in enumerate(multi):
+        colls = [dag.nodes[m].origin for m in b.members]
+        waits = [next(iter(c.users)) for c in colls]
+        inputs = [c.args[0] for c in colls]
+        consumers = [u for w in waits for u in w.users]
+        first_use = min(consumers, key=positions.__getitem__) if consumers else g.output_node()
+        last_input = max(inputs, key=positions.__getitem__)
+        if positions[last_input] > positions[first_use]:
+            stats.moved_inputs += _hoist(first_use, inputs, k, positions, prio, id_of, dag, member_bucket, b)
+        ready = max((prio[x] for x in inputs))
+        if not earliest:
+            anchor = prio[colls[0]]
+            if anchor < prio[first_use]:
+                ready = max(ready, anchor)
+
+        made: list[fx.Node] = []
+        with g.inserting_before(first_use):
+            if b.op is CollectiveOp.ALL_GATHER:
+                outs = _emit_all_gather(g, colls, waits, inputs, made)
+            elif b.op is CollectiveOp.REDUCE_SCATTER:
+                outs = _emit_reduce_scatter(g, colls, waits, inputs, made)
+            else:
+                outs = _emit_all_reduce(g, colls, waits, inputs, made)
+        # made = copy-in nodes..., collective, wait, recovery nodes...
+        coll_idx = next(i for i, n in enumerate(made) if n.meta.get("_fsdp_role") == "collective")
+        for j, n in enumerate(made):
+            if j <= coll_idx:
+                prio[n] = ready + (1, k, j)
+            else:
+                prio[n] = (positions[first_use], -1, k, j)
+            positions[n] = prio[n][0]  # a later bucket may consume these: place them at their anchor
+            n.meta.pop("_fsdp_role", None)
+        new_coll, new_wait = made[coll_idx], made[coll_idx + 1]
+        tag = {"members": [c.name for c in colls], "params": list(b.params), "label": b.label}
+        new_coll.meta[BUCKET_META_KEY] = tag
+        new_wait.meta[BUCKET_META_KEY] = tag
+        copy_in = made[coll_idx - 1] if coll_idx > 0 else new_coll
+        for c, w, out in zip(colls, waits, outs):
+            w.replace_all_uses_with(out)
+            first_reader = next((u for u in made if c.args[0] in u.all_input_nodes), copy_in)
+            stand_in[c] = (copy_in, first_reader)
+            stand_in[w] = (out, out)
+        for c, w in zip(colls, waits):
+            g.erase_node(w)
+            g.erase_node(c)
+        stats.n_buckets += 1
+        stats.n_collectives_removed += len(colls) - 1
+        stats.n_nodes_added += len(made)
+        stats.collectives.append(new_coll.name)
+
+    extra = _ordering_edges(dag, stand_in)
+    _stable_sort(g, prio, extra)
+    g.lint()
+    if gm is not None:
+        gm.recompile()
+    return stats
+
+
+# -- validation ------------------------------------------------------------------------------------------------
+
+def _validate(g: fx.Graph, dag: Dag, buckets: Sequence[Bucket]) -> None:
+    seen: dict[int, int] = {}
+    for k, b in enumerate(buckets):
+        where = f"bucket {k} ({b.label or ', '.join(dag.nodes[m].name for m in b.members[:4])})"
+        if list(b.members) != sorted(b.members):
+            raise ValueError(f"{where}: members must be in graph order")
+        keys = set()
+        for m in b.members:
+            if not 0 <= m < len(dag.nodes):
+                raise ValueError(f"{where}: member id {m} is not a node of the DAG")
+            node = dag.nodes[m]
+            if m in seen:
+                raise ValueError(f"{where}: collective {node.name} is already in bucket {seen[m]}")
+            seen[m] = k
+            if not isinstance(node.origin, fx.Node) or node.origin.graph is not g:
+                raise ValueError(f"{where}: collective {node.name} is not a node of this graph")
+            why = bucketability(dag, m, bucket_non_fsdp=True)
+            if why:
+                raise ValueError(f"{where}: collective {node.name} cannot be bucketed: {why}")
+            keys.add(bucket_key(node))
+        if len(keys) > 1:
+            raise ValueError(
+                f"{where}: members differ in (op, process group, reduce op, dtype, group size): {sorted(map(str, keys))}"
+            )
+    cycles = plan_cycles(dag, buckets)
+    if cycles:
+        names = "; ".join(", ".join(dag.nodes[m].name for m in buckets[k].members) for k in cycles)
+        raise ValueError(f"merging these buckets would create a dependency cycle: {names}")
+
+
+# -- placement ------------------------------------------------------------------------------------------------
+
+def _hoist(first_use: fx.Node, inputs: list, k: int, positions: dict, prio: dict, id_of: dict, dag: Dag,
+           member_bucket: dict, bucket: Bucket) -> int:
+    """Give every input placed after ``first_use``, and what it depends on there, a priority just before it."""
+    limit = positions[first_use]
+    stack = [x for x in inputs if positions[x] > limit]
+    seen = set(stack)
+    moved = 0
+    while stack:
+        x = stack.pop()
+        moved += 1
+        p = (limit, -2, positions[x])
+        if p < prio[x]:
+            prio[x] = p
+        preds = list(x.all_input_nodes)
+        i = id_of.get(x)
+        if i is not None:
+            preds.extend(dag.nodes[q].origin for q in dag.preds[i])
+        for q in preds:
+            if q is None or q in seen or positions.get(q, -1) <= limit:
+                continue
+            owner = member_bucket.get(q)
+            if owner == k:
+                raise ValueError(
+                    f"bucket ({', '.join(dag.nodes[m].name for m in bucket.members)}): the input {x.name} depends "
+                    f"on {q.name}, the result of a member of the same bucket"
+                )
+            if owner is not None:
+                continue  # another bucket's collective: the sort orders it
+            seen.add(q)
+            stack.append(q)
+    return moved
+
+
+def _ordering_edges(dag: Dag, stand_in: dict) -> dict[fx.Node, set[fx.Node]]:
+    """DAG edges that are not FX data edges (mutation order), with erased nodes replaced by stand-ins."""
+    extra: dict[fx.Node, set[fx.Node]] = {}
+    for v in range(len(dag.nodes)):
+        dst = dag.nodes[v].origin
+        if dst is None:
+            continue
+        for u in dag.preds[v]:
+            src = dag.nodes[u].origin
+            if src is None:
+                continue
+            s = stand_in[src][0] if src in stand_in else src
+            d = stand_in[dst][1] if dst in stand_in else dst
+            if s is d or s in d.all_input_nodes:
+                continue
+            extra.setdefault(d, set()).add(s)
+    return extra
+
+
+def _stable_sort(g: fx.Graph, prio: dict, extra: dict) -> None:
+    """Kahn's algorithm, always taking the ready node of smallest priority; relinks ``g`` in that order."""
+    nodes = list(g.nodes)
+    indeg: dict[fx.Node, int] = {}
+    succs: dict[fx.Node, list[fx.Node]] = {n: [] for n in nodes}
+    for n in nodes:
+        deps = set(n.all_input_nodes)
+        deps.update(extra.get(n, ()))
+        deps.discard(n)
+        indeg[n] = len(deps)
+        for d in deps:
+            succs[d].append(n)
+    order_key = {n: (prio[n], i) for i, n in enumerate(nodes)}
+    # keys are unique (the second element is the node's current index), so nodes themselves are never compared
+    heap = [(order_key[n], n) for n in nodes if indeg[n] == 0]
+    heapq.heapify(heap)
+    order: list[fx.Node] = []
+    while heap:
+        _, n = heapq.heappop(heap)
+        order.append(n)
+        for s in succs[n]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(heap, (order_key[s], s))
+    if len(order) != len(nodes):
+        left = [n.name for n in nodes if indeg[n] > 0][:8]
+        raise RuntimeError(f"bucketing rewrite produced a cyclic graph around {left}")
+    prev = order[0]
+    for n in order[1:]:
+        if prev.next is not n:
+            prev.append(n)
+        prev = n
+
+
+# -- emitting nodes ---------------------------------------------------------------------------------------------
+
+def _val(n: Any) -> Any:
+    return n.meta["val"] if isinstance(n, fx.Node) else n
+
+
+def _call(g: fx.Graph, target: Any, args: tuple, made: list, like: fx.Node, *, role: str = "",
+          custom: bool = False) -> fx.Node:
+    """A new call_function node with ``meta['val']`` computed by running ``target`` on the inputs' values."""
+    node = g.call_function(target, args)
+    vals = fx.node.map_arg(args, _val)
+    from torch._guards import detect_fake_mode
+
+    flat = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
+    mode = detect_fake_mode(flat)
+    if mode is not None:
+        with mode:
+            val = target(*vals)
+    else:
+        val = target(*vals)
+    node.meta["val"] = val
+    try:
+        from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+        node.meta["tensor_meta"] = _extract_tensor_metadata(val)
+    except Exception:  # tensor_meta is informative; meta['val'] is what lowering reads
+        pass
+    for key in _COPIED_META:
+        if key in like.meta:
+            node.meta[key] = like.meta[key]
+    if custom and "custom" in like.meta:
+        node.meta["custom"] = like.meta["custom"]
+    if role:
+        node.meta["_fsdp_role"] = role
+    made.append(node)
+    return node
+
+
+def _numel(n: fx.Node) -> int:
+    return int(n.meta["val"].numel())
+
+
+def _flat(g: fx.Graph, x: fx.Node, made: list, like: fx.Node) -> fx.Node:
+    v = x.meta["val"]
+    if v.dim() == 1:
+        return x
+    return _call(g, aten.reshape.default, (x, [-1]), made, like)
+
+
+def _emit_all_gather(g, colls, waits, inputs, made) -> list[fx.Node]:
+    _, group_size, group_name = colls[0].args[:3]
+    like = colls[0]
+    flats = [_flat(g, x, made, c) for x, c in zip(inputs, colls)]
+    cat = _call(g, aten.cat.default, (flats,), made, like)
+    coll = _call(g, c10d.all_gather_into_tensor.default, (cat, group_size, group_name), made, like, role="collective")
+    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
+    total = _numel(cat)
+    rows = _call(g, aten.view.default, (wait, [int(group_size), total]), made, like)
+    outs, off = [], 0
+    for x, w in zip(inputs, waits):
+        k = _numel(x)
+        part = _call(g, aten.slice.Tensor, (rows, 1, off, off + k), made, w, custom=True)
+        outs.append(_call(g, aten.reshape.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
+        off += k
+    return outs
+
+
+def _emit_reduce_scatter(g, colls, waits, inputs, made) -> list[fx.Node]:
+    _, reduce_op, group_size, group_name = colls[0].args[:4]
+    n = int(group_size)
+    like = colls[0]
+    parts = [_call(g, aten.reshape.default, (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
+    cat = _call(g, aten.cat.default, (parts, 1), made, like)
+    flat = _call(g, aten.view.default, (cat, [-1]), made, like)
+    coll = _call(g, c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), made, like,
+                 role="collective")
+    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
+    outs, off = [], 0
+    for x, w in zip(inputs, waits):
+        k = _numel(x) // n
+        part = _call(g, aten.slice.Tensor, (wait, 0, off, off + k), made, w, custom=True)
+        outs.append(_call(g, aten.view.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
+        off += k
+    return outs
+
+
+def _emit_all_reduce(g, colls, waits, inputs, made) -> list[fx.Node]:
+    _, reduce_op, group_name = colls[0].args[:3]
+    like = colls[0]
+    flats = [_flat(g, x, made, c) for x, c in zip(inputs, colls)]
+    cat = _call(g, aten.cat.default, (flats,), made, like)
+    coll = _call(g, c10d.all_reduce.default, (cat, reduce_op, group_name), made, like, role="collective")
+    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
+    outs, off = [], 0
+    for x, w in zip(inputs, waits):
+        k = _numel(x)
+        part = _call(g, aten.slice.Tensor, (wait, 0, off, off + k), made, w, custom=True)
+        outs.append(_call(g, aten.view.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
+        off += k
+    return outs
+
+
+__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets"]
