@@ -137,6 +137,7 @@ def test_capture_fx_graphs_no_reshard_and_fqn_meta(fake_pg):
 def test_capture_fx_graphs_mixed_precision_dtypes(fake_pg):
     model = build_mlp(n_layers=1, dim=32, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     graphs = capture_fx_graphs(model, *example_inputs(model))
+    assert [name for name, _, _ in graphs.graphs] == ["forward", "backward"]  # the input cast is in forward
     ag = [n for n in graphs.forward.graph.nodes if getattr(n.target, "_opname", "") == AG]
     rs = [n for n in graphs.backward.graph.nodes if getattr(n.target, "_opname", "") == RS]
     assert ag and all(n.meta["val"].dtype == torch.bfloat16 for n in ag)

@@ -60,7 +60,8 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
 
     The group (127.0.0.1, a free port) is the default process group in each process and is destroyed when
     ``fn`` returns; each process uses one intra-op thread.  ``fn``, ``args`` and the results must be
-    picklable (``fn`` defined at module level).  Returns the results in rank order.  Raises
+    picklable (``fn`` defined at module level; a script calling this needs the usual
+    ``if __name__ == "__main__":`` guard, as processes are spawned).  Returns the results in rank order.  Raises
     :class:`RankFailed` (with the rank's traceback) if a rank raises, ``TimeoutError`` after ``timeout``
     seconds.
     """

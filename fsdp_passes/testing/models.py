@@ -254,18 +254,30 @@ def simple_fsdp(
         mod.__class__ = _sharded_class(type(mod), names)
     module._fsdp_params = infos
     if param_dtype is not None:
-        module.register_forward_pre_hook(_InputCast(param_dtype))
+        # Cast inputs inside forward (not in a hook), so that Dynamo traces it into the same frame.
+        module._fsdp_input_dtype = param_dtype
+        module.__class__ = _input_cast_class(type(module))
     return module
 
 
-class _InputCast:
-    """Forward pre-hook casting floating-point tensor inputs to the parameters' compute dtype."""
+def _cast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    dtype = self._fsdp_input_dtype
 
-    def __init__(self, dtype: torch.dtype) -> None:
-        self.dtype = dtype
+    def cast(a: Any) -> Any:
+        return a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
 
-    def __call__(self, module: nn.Module, args: tuple) -> tuple:
-        return tuple(a.to(self.dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+    return super(self._fsdp_cast_class, self).forward(*[cast(a) for a in args],
+                                                      **{k: cast(v) for k, v in kwargs.items()})
+
+
+def _input_cast_class(cls: type) -> type:
+    key = (cls, ("<input cast>",))
+    if key not in _CLASS_CACHE:
+        new = type(cls.__name__ if cls.__name__.startswith("SimpleFSDP") else f"SimpleFSDP{cls.__name__}", (cls,),
+                   {"forward": _cast_forward})
+        new._fsdp_cast_class = new
+        _CLASS_CACHE[key] = new
+    return _CLASS_CACHE[key]
 
 
 def fsdp_params(module: nn.Module) -> dict[str, FSDPParam]:
