@@ -1,0 +1,331 @@
+"""``plan_order``: the reordering policy's entry point (a pure function of the DAG and the durations)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from ..dag.graph import Dag
+from .async_tracker import AsyncTracker
+from .memory import MemoryModel, MemoryTracker
+from .scheduler import InternalError, ListScheduler, ScheduleOutcome
+from .structure import COLLECTIVE, COMPUTE, WAIT, Structure, as_durations
+
+log = logging.getLogger(__name__)
+
+#: scheduling passes with a tightened memory limit after the first one overshoots the real limit
+MAX_REPAIRS = 3
+
+
+@dataclass(frozen=True)
+class OrderStats:
+    """Simulated figures of one order."""
+
+    exposed_ms: float
+    makespan_ms: float
+    peak_bytes: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"exposed_ms": self.exposed_ms, "makespan_ms": self.makespan_ms, "peak_bytes": self.peak_bytes}
+
+
+@dataclass
+class ReorderResult:
+    """What ``plan_order`` decided.
+
+    order: node ids in the order to run them (the original order ``0..n-1`` when ``fallback`` is set).
+    moved: collectives whose position relative to compute nodes changed.
+    reasons: per node id, why it is where it is ("" for compute nodes that did not move).
+    before / after: simulated exposed communication, makespan and peak memory of the original order and
+        of ``order``.
+    baseline_peak / memory_limit: the original order's peak and the limit the plan kept (baseline peak +
+        budget).
+    fallback: why the original order was returned, or None when the planned order is used.
+    issue_shift: per collective id, how many compute nodes earlier than originally it is issued (>0:
+        prefetched).  wait_shift: per wait id, how many compute nodes later than originally it runs (>0:
+        sunk).
+    pulled: compute nodes run ahead of a lower-numbered one that was waiting on a collective.
+    passes: scheduling passes run (more than one when a pass overshot the memory limit and was redone).
+    notes: what happened along the way (for logs).
+    """
+
+    order: list[int]
+    moved: int
+    reasons: list[str]
+    before: OrderStats
+    after: OrderStats
+    baseline_peak: int
+    memory_limit: int
+    max_prefetch: Optional[int]
+    fallback: Optional[str] = None
+    issue_shift: dict[int, int] = field(default_factory=dict)
+    wait_shift: dict[int, int] = field(default_factory=dict)
+    pulled: int = 0
+    passes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(i != p for p, i in enumerate(self.order))
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-serialisable scalars for logs and dumps."""
+        return {
+            "moved": self.moved,
+            "pulled": self.pulled,
+            "changed": self.changed,
+            "fallback": self.fallback,
+            "passes": self.passes,
+            "baseline_peak_bytes": self.baseline_peak,
+            "memory_limit_bytes": self.memory_limit,
+            "max_prefetch": self.max_prefetch,
+            "before": self.before.as_dict(),
+            "after": self.after.as_dict(),
+            "notes": list(self.notes),
+        }
+
+    def describe(self, dag: Dag, only_moved: bool = True) -> list[str]:
+        """One line per collective / wait (only those that moved, by default), in the planned order."""
+        lines = []
+        for i in self.order:
+            node = dag.nodes[i]
+            reason = self.reasons[i]
+            if not reason:
+                continue
+            shift = self.issue_shift.get(i, 0) or self.wait_shift.get(i, 0)
+            if only_moved and not shift and not reason.startswith("pulled"):
+                continue
+            lines.append(f"{node.name} [{node.kind.value}]: {reason}")
+        return lines
+
+
+def plan_order(
+    dag: Dag,
+    durations: Sequence[float],
+    *,
+    memory_budget_bytes: int,
+    max_prefetch: Optional[int] = None,
+) -> ReorderResult:
+    """Plan an order of ``dag`` that overlaps collectives with compute.
+
+    durations: ms per node id (a collective's time on its group's stream; anything else's time on the
+        compute stream).  They must be the same on every rank, or ranks may plan different orders.
+    memory_budget_bytes: how far the simulated peak may rise above the original order's peak.
+    max_prefetch: at most this many collectives of one group issued and not yet waited on when an FSDP
+        collective is issued (None: no cap).
+
+    The result keeps every dependency and every group's collective sequence, keeps the peak within the
+    limit, and is never worse than the original order in simulated exposed communication or makespan (the
+    original order is returned instead).
+    """
+    if isinstance(memory_budget_bytes, bool) or not isinstance(memory_budget_bytes, int):
+        raise TypeError(f"memory_budget_bytes must be an int, not {type(memory_budget_bytes).__name__}")
+    if memory_budget_bytes < 0:
+        raise ValueError(f"memory_budget_bytes must be >= 0, got {memory_budget_bytes}")
+    if max_prefetch is not None and (isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int)
+                                     or max_prefetch < 1):
+        raise ValueError(f"max_prefetch must be None or an int >= 1, got {max_prefetch!r}")
+
+    s = Structure(dag)
+    dur = as_durations(dag, durations)
+    mm = MemoryModel(dag, s)
+    n = s.n
+    identity = list(range(n))
+    base_curve = mm.curve(identity)
+    base_peak = max(base_curve, default=0)
+    limit = base_peak + memory_budget_bytes
+    before = evaluate(dag, identity, dur, s, mm)
+    notes: list[str] = []
+
+    def keep_original(reason: str, passes: int) -> ReorderResult:
+        reasons = [""] * n
+        for i in range(n):
+            if s.kind[i] != COMPUTE:
+                reasons[i] = f"original order kept: {reason}"
+        log.debug("reordering: original order kept: %s", reason)
+        return ReorderResult(
+            order=identity, moved=0, reasons=reasons, before=before, after=before, baseline_peak=base_peak,
+            memory_limit=limit, max_prefetch=max_prefetch, fallback=reason,
+            issue_shift={c: 0 for c in s.collectives}, wait_shift={w: 0 for w in range(n) if s.kind[w] == WAIT},
+            passes=passes, notes=notes,
+        )
+
+    if not s.collectives:
+        return keep_original("no collectives", 0)
+
+    passes = 0
+    tried: list[tuple[str, ScheduleOutcome]] = []
+    try:
+        eff = limit
+        for _ in range(MAX_REPAIRS + 1):
+            outcome = ListScheduler(s, mm, base_curve, dur, limit=eff, max_prefetch=max_prefetch).run()
+            passes += 1
+            if outcome.peak <= limit:
+                tried.append(("planned", outcome))
+                break
+            notes.append(f"pass {passes}: peak {outcome.peak} B > limit {limit} B; tightening the gates")
+            eff -= outcome.peak - limit
+        conservative = ListScheduler(s, mm, base_curve, dur, limit=None, max_prefetch=max_prefetch)
+    except InternalError as e:  # pragma: no cover - invariant breach; keep the graph's own order
+        return keep_original(f"scheduler error: {e}", passes)
+
+    chosen: Optional[tuple[ScheduleOutcome, OrderStats]] = None
+    rejected: list[str] = []
+    for label, outcome in tried + [("conservative", None)]:  # type: ignore[list-item]
+        if outcome is None:
+            try:
+                outcome = conservative.run()
+            except InternalError as e:  # pragma: no cover
+                rejected.append(f"conservative pass failed: {e}")
+                continue
+            passes += 1
+        problems = dag.order_violations(outcome.order, limit=1)
+        if problems:  # pragma: no cover - would be a scheduler bug
+            rejected.append(f"{label} order invalid: {problems[0]}")
+            continue
+        after = evaluate(dag, outcome.order, dur, s, mm)
+        if after.peak_bytes > limit:
+            rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
+        elif after.exposed_ms > before.exposed_ms:
+            rejected.append(f"{label} order exposes {after.exposed_ms:.6g} ms > original {before.exposed_ms:.6g} ms")
+        elif after.makespan_ms > before.makespan_ms:
+            rejected.append(f"{label} order takes {after.makespan_ms:.6g} ms > original {before.makespan_ms:.6g} ms")
+        else:
+            chosen = (outcome, after)
+            break
+    notes.extend(rejected)
+    if chosen is None:
+        return keep_original("; ".join(rejected) or "no better order found", passes)
+
+    outcome, after = chosen
+    result = _result(s, outcome, before, after, base_peak, limit, max_prefetch, passes, notes)
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("reordering: %s", result.summary())
+        for line in result.describe(dag):
+            log.debug("reordering: %s", line)
+    return result
+
+
+def _result(
+    s: Structure,
+    outcome: ScheduleOutcome,
+    before: OrderStats,
+    after: OrderStats,
+    base_peak: int,
+    limit: int,
+    max_prefetch: Optional[int],
+    passes: int,
+    notes: list[str],
+) -> ReorderResult:
+    n = s.n
+    order = outcome.order
+    kind = s.kind
+    planned_before = [0] * n
+    count = 0
+    for i in order:
+        planned_before[i] = count
+        if kind[i] == COMPUTE:
+            count += 1
+    base_before = s.compute_before
+    reasons = [""] * n
+    issue_shift: dict[int, int] = {}
+    wait_shift: dict[int, int] = {}
+    moved = 0
+    for i in range(n):
+        k = kind[i]
+        why = outcome.why[i]
+        if k == COLLECTIVE:
+            shift = base_before[i] - planned_before[i]
+            issue_shift[i] = shift
+            gate = outcome.gate[i]
+            if shift:
+                moved += 1
+                where = "earlier" if shift > 0 else "later"
+                text = f"{why or 'moved'}: issued {abs(shift)} compute node(s) {where}"
+                if gate:
+                    text += f" (held back for a while: {gate})"
+            elif gate:
+                text = f"in place: {gate}"
+            elif why == "prefetched" or why.startswith("not FSDP"):
+                text = "in place: its inputs are ready only at its original place"
+            else:
+                text = f"in place: {why or 'not moved'}"
+            reasons[i] = text
+        elif k == WAIT:
+            shift = planned_before[i] - base_before[i]
+            wait_shift[i] = shift
+            if shift > 0:
+                reasons[i] = f"sunk {shift} compute node(s): {why}"
+            elif shift < 0:
+                reasons[i] = f"raised {-shift} compute node(s): {why}"
+            else:
+                reasons[i] = f"in place: {why}"
+        elif why:
+            reasons[i] = why
+    return ReorderResult(
+        order=list(order), moved=moved, reasons=reasons, before=before, after=after, baseline_peak=base_peak,
+        memory_limit=limit, max_prefetch=max_prefetch, fallback=None, issue_shift=issue_shift,
+        wait_shift=wait_shift, pulled=outcome.pulled, passes=passes, notes=notes,
+    )
+
+
+def evaluate(
+    dag: Dag,
+    order: Sequence[int],
+    durations: Sequence[float],
+    s: Optional[Structure] = None,
+    mm: Optional[MemoryModel] = None,
+) -> OrderStats:
+    """Simulated exposed communication, makespan and peak memory of ``order``.
+
+    Uses ``fsdp_passes.simulate`` when it is importable (the numbers every report shows), else the
+    scheduler's own trackers, which follow the same rules (see ``replay``).
+    """
+    try:
+        from ..simulate import simulate
+    except ImportError:  # pragma: no cover - the simulator ships with the package
+        simulate = None
+    if simulate is not None:
+        tl = simulate(dag, order, durations)
+        return OrderStats(float(tl.exposed_total), float(tl.makespan), int(tl.peak_memory))
+    return replay(dag, order, durations, s, mm)
+
+
+def replay(
+    dag: Dag,
+    order: Sequence[int],
+    durations: Sequence[float],
+    s: Optional[Structure] = None,
+    mm: Optional[MemoryModel] = None,
+) -> OrderStats:
+    """Replay ``order`` through the scheduler's trackers (no validity check beyond a wait after its
+    collective)."""
+    s = s or Structure(dag)
+    mm = mm or MemoryModel(dag, s)
+    dur = as_durations(dag, durations)
+    am = AsyncTracker(s, dur)
+    mem = MemoryTracker(mm)
+    t = 0.0
+    exposed = 0.0
+    for i in order:
+        k = s.kind[i]
+        if k == COLLECTIVE:
+            am.issue(i, t)
+        else:
+            if k == WAIT:
+                c = s.coll_of[i]
+                if not am.issued[c]:
+                    raise ValueError(f"wait {s.names[i]} runs before its collective {s.names[c]}")
+                e = am.end[c]
+                if e > t:
+                    exposed += e - t
+                    t = e
+                am.retire(c)
+            t += dur[i]
+        mem.run(i)
+    for c in s.collectives:
+        if not s.waits_of[c] and am.end[c] > t:
+            exposed += am.end[c] - t
+    makespan = max([t, *am.stream_end.values()])
+    return OrderStats(exposed, makespan, mem.peak)

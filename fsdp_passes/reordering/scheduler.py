@@ -1,0 +1,459 @@
+"""The scheduling core: one forward list-scheduling pass over the DAG with simulated time.
+
+State: the compute stream's simulated time ``t``, an ``AsyncTracker`` (per-group stream end, collectives in
+flight), a ``MemoryTracker`` (exact live bytes of the order built so far) and a ``HeadroomTree`` (the original
+order's memory curve plus the extra live ranges committed to so far, by original position).
+
+The *frontier* ``f`` is the lowest-numbered compute node not yet scheduled.  Every step:
+
+1. due collectives (id < f: the original order issued them before ``f``) are issued now, unconditionally
+   (FSDP ones after freeing a ``max_prefetch`` slot if needed);
+2. waits whose collective has finished in simulated time and whose running frees memory are placed
+   (no blocking; this is what releases reduce-scatter inputs);
+3. a compute node is chosen: the frontier if nothing it needs is still in flight; otherwise the
+   lowest-numbered compute node whose inputs are all available now (it fills the gap), if the memory limit
+   allows pulling it ahead; otherwise the frontier, blocking on its waits;
+4. waits that were deferred past their original place and keep inputs alive are checked against the memory
+   limit; the ones that no longer fit are placed now;
+5. the chosen node's pending waits are placed (as late as possible: right before it);
+6. collectives that are next in their group and whose inputs are ready are issued early (prefetch) if
+   (a) their group's stream would otherwise go idle before the chosen node ends (issuing later would not
+   start them later), (b) fewer than ``max_prefetch`` collectives of the group are in flight and (c) the
+   extra live range of their output keeps the memory limit; collectives that are not FSDP-like skip (a)
+   and (b);
+7. the chosen node runs.
+
+Ids are the tie-break everywhere and all containers are heaps or arrays indexed by id, so the result depends
+only on the DAG and the durations.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Optional
+
+from .async_tracker import AsyncTracker
+from .memory import HeadroomTree, MemoryModel, MemoryTracker
+from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
+
+#: how many ready compute nodes are tried, per step, when pulling one ahead of a blocked frontier
+PULL_TRIES = 4
+
+
+class InternalError(RuntimeError):
+    """The scheduler reached a state its invariants exclude (reported, and the original order is kept)."""
+
+
+class ScheduleOutcome:
+    """What one scheduling pass produced (internal; ``plan_order`` turns it into a ``ReorderResult``)."""
+
+    __slots__ = ("order", "peak", "exposed", "makespan", "why", "gate", "pulled", "cap_exceeded")
+
+    def __init__(self, order, peak, exposed, makespan, why, gate, pulled, cap_exceeded):
+        self.order: list[int] = order
+        self.peak: int = peak
+        self.exposed: float = exposed
+        self.makespan: float = makespan
+        self.why: list[str] = why  # per node: why it was placed where it was
+        self.gate: list[str] = gate  # per collective: the last thing that held it back
+        self.pulled: int = pulled
+        self.cap_exceeded: int = cap_exceeded
+
+
+class ListScheduler:
+    """One pass.  ``limit`` is the memory limit the gates use (None: no early issue, no pulling, no
+    deferral of memory-holding waits past their original place: the conservative pass)."""
+
+    def __init__(
+        self,
+        s: Structure,
+        mm: MemoryModel,
+        base_curve: list[int],
+        dur: list[float],
+        *,
+        limit: Optional[int],
+        max_prefetch: Optional[int],
+    ):
+        n = s.n
+        self.s = s
+        self.dur = dur
+        self.limit = limit
+        self.cap = max_prefetch
+        self.alloc = mm.alloc
+        self.mem = MemoryTracker(mm)
+        self.tree = HeadroomTree(base_curve) if limit is not None else None
+        self.am = AsyncTracker(s, dur)
+        self.t = 0.0
+        self.exposed = 0.0
+        self.order: list[int] = []
+        self.scheduled = bytearray(n)
+        self.pending = bytearray(n)  # waits whose inputs are all issued/placed, not placed themselves
+        self.unmet = [len(p) for p in s.preds]
+        self.release = [0.0] * n  # compute: when its pending waits' collectives end
+        self.clear: list[int] = []  # available compute, nothing in flight it needs
+        self.blocked: list[tuple[float, int]] = []  # available compute, (release, id)
+        self.finishing: list[tuple[float, int]] = []  # pending waits by (collective end, id)
+        self.overdue_heap: list[int] = []  # pending waits by id
+        self.overdue: list[int] = []  # pending waits past their original position
+        self.hold_from: dict[int, int] = {}  # wait -> first position its hold is not yet charged on
+        # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
+        # not FSDP-like are issued first and get the memory headroom first
+        self.cands: list[tuple[int, int]] = []
+        self.in_cands = bytearray(n)
+        self.gnext: dict[str, int] = {g: 0 for g in s.seq}
+        self.why = [""] * n
+        self.gate = [""] * n
+        self.pulled = 0
+        self.cap_exceeded = 0
+        self.due_ptr = 0
+        self.fence_ptr = 0
+        self.front_ptr = 0
+
+    # -- readiness ------------------------------------------------------------------------------------------
+    def _push_cand(self, c: int) -> None:
+        if not self.in_cands[c]:
+            self.in_cands[c] = 1
+            heapq.heappush(self.cands, (self.s.fsdp[c], c))
+
+    def _available(self, i: int) -> None:
+        """``i`` has every input placed, issued or pending: file it where the scheduler will look for it."""
+        s = self.s
+        kind = s.kind
+        stack = [i]
+        while stack:
+            i = stack.pop()
+            k = kind[i]
+            if k == COMPUTE:
+                r = 0.0
+                end = self.am.end
+                for p in s.preds[i]:
+                    if self.pending[p]:
+                        e = end[s.coll_of[p]]
+                        if e > r:
+                            r = e
+                self.release[i] = r
+                if r <= self.t:
+                    heapq.heappush(self.clear, i)
+                else:
+                    heapq.heappush(self.blocked, (r, i))
+            elif k == WAIT:
+                self.pending[i] = 1
+                heapq.heappush(self.finishing, (self.am.end[s.coll_of[i]], i))
+                heapq.heappush(self.overdue_heap, i)
+                unmet = self.unmet
+                for v in s.succs[i]:
+                    unmet[v] -= 1
+                    if unmet[v] == 0:
+                        stack.append(v)
+            else:
+                if s.seq_pos[i] == self.gnext[s.group[i]]:
+                    self._push_cand(i)
+
+    def _place(self, i: int) -> None:
+        s = self.s
+        k = s.kind[i]
+        if k == COLLECTIVE:
+            g = s.group[i]
+            if s.seq_pos[i] != self.gnext[g]:
+                raise InternalError(f"{s.names[i]} would change the collective order of group {g!r}")
+            self.am.issue(i, self.t)
+            self.gnext[g] += 1
+        elif k == WAIT:
+            c = s.coll_of[i]
+            e = self.am.end[c]
+            if e > self.t:
+                self.exposed += e - self.t
+                self.t = e
+            self.t += self.dur[i]
+            self.am.retire(c)
+            self.pending[i] = 0
+        else:
+            self.t += self.dur[i]
+        self.mem.run(i)
+        self.scheduled[i] = 1
+        self.order.append(i)
+        if k != WAIT:  # a wait released its consumers when it became pending
+            unmet = self.unmet
+            for v in s.succs[i]:
+                unmet[v] -= 1
+                if unmet[v] == 0:
+                    self._available(v)
+        if k == COLLECTIVE:
+            nxt = s.next_in_group(i)
+            if nxt >= 0 and self.unmet[nxt] == 0 and not self.scheduled[nxt]:
+                self._push_cand(nxt)
+
+    def _place_deps(self, x: int, why: str) -> None:
+        """Place the pending waits ``x`` still needs (and theirs), in id order."""
+        s = self.s
+        scheduled = self.scheduled
+        stack = [p for p in s.preds[x] if not scheduled[p]]
+        if not stack:
+            return
+        todo: list[int] = []
+        seen: set[int] = set()
+        while stack:
+            p = stack.pop()
+            if p in seen or scheduled[p]:
+                continue
+            seen.add(p)
+            if not self.pending[p]:
+                raise InternalError(f"{s.names[x]} needs {s.names[p]}, which cannot run yet")
+            todo.append(p)
+            stack.extend(q for q in s.preds[p] if not scheduled[q])
+        todo.sort()
+        for p in todo:
+            self._place(p)
+            if not self.why[p]:
+                self.why[p] = why
+
+    # -- step parts -------------------------------------------------------------------------------------------
+    def _make_room(self, g: str, blocking: bool) -> bool:
+        """Bring group ``g`` below ``max_prefetch`` in flight by placing its oldest collectives' waits.
+
+        Non-blocking: only waits whose collective has already finished in simulated time."""
+        am = self.am
+        cap = self.cap
+        while am.count[g] >= cap:
+            o = am.oldest(g)
+            if o < 0:
+                break
+            ws = [w for w in self.s.waits_of[o] if not self.scheduled[w]]
+            if not ws or not all(self.pending[w] for w in ws):
+                return False
+            if not blocking and am.end[o] > self.t:
+                return False
+            for w in ws:
+                self._place_deps(w, f"needed by {self.s.names[w]}")
+                self._place(w)
+                if not self.why[w]:
+                    self.why[w] = f"early: frees a max_prefetch={cap} slot of group {g!r}"
+        return am.count[g] < cap
+
+    def _check_holds(self, upto: int) -> None:
+        """Pending waits whose original position is before ``upto`` and whose running would free memory
+        keep that memory alive at ``upto``: charge it, or place the wait now if the limit says no."""
+        oh = self.overdue_heap
+        scheduled = self.scheduled
+        while oh and oh[0] < upto:
+            w = heapq.heappop(oh)
+            if not scheduled[w]:
+                self.overdue.append(w)
+        if not self.overdue:
+            return
+        keep: list[int] = []
+        tree = self.tree
+        limit = self.limit
+        hi = upto + 1
+        for w in self.overdue:
+            if scheduled[w]:
+                continue
+            h = self.mem.frees_if_run(w)
+            lo = self.hold_from.get(w, w + 1)
+            if h == 0 or lo >= hi:
+                if h == 0:
+                    self.hold_from[w] = max(lo, hi)
+                keep.append(w)
+                continue
+            if tree is not None and tree.max(lo, hi) + h <= limit:  # type: ignore[operator]
+                tree.add(lo, hi, h)
+                self.hold_from[w] = hi
+                keep.append(w)
+                continue
+            self._place_deps(w, f"needed by {self.s.names[w]}")
+            self._place(w)
+            if not self.why[w]:
+                self.why[w] = f"early: keeping its {h} B of inputs alive longer would exceed the memory limit"
+        self.overdue = keep
+
+    def _issue_due(self, f: int) -> None:
+        s = self.s
+        cols = s.collectives
+        while self.due_ptr < len(cols) and cols[self.due_ptr] < f:
+            c = cols[self.due_ptr]
+            self.due_ptr += 1
+            if self.scheduled[c]:
+                continue
+            self._check_holds(c)
+            self._place_deps(c, f"needed by collective {s.names[c]}")
+            if self.cap is not None and s.fsdp[c]:
+                if not self._make_room(s.group[c], blocking=True):
+                    self.cap_exceeded += 1
+            self._place(c)
+            self.why[c] = "at its original place"
+
+    def _release_finished(self) -> None:
+        fh = self.finishing
+        while fh and fh[0][0] <= self.t:
+            _, w = heapq.heappop(fh)
+            if self.scheduled[w]:
+                continue
+            freed = self.mem.frees_if_run(w)
+            if freed > 0:
+                self._place_deps(w, f"needed by {self.s.names[w]}")
+                self._place(w)
+                if not self.why[w]:
+                    self.why[w] = f"when its collective finished: frees {freed} B"
+
+    def _choose(self, f: int) -> int:
+        blocked, clear, scheduled = self.blocked, self.clear, self.scheduled
+        t = self.t
+        while blocked and blocked[0][0] <= t:
+            _, i = heapq.heappop(blocked)
+            if not scheduled[i]:
+                heapq.heappush(clear, i)
+        while clear and scheduled[clear[0]]:
+            heapq.heappop(clear)
+        if self.unmet[f] != 0:
+            raise InternalError(f"frontier node {self.s.names[f]} has inputs that cannot be scheduled")
+        if not clear or clear[0] == f or self.tree is None:
+            return f
+        # the frontier waits on a collective still in flight: fill the gap with ready work if memory allows
+        s = self.s
+        lo = s.region_start[f]
+        limit = self.limit
+        rejected: list[int] = []
+        chosen = f
+        for _ in range(PULL_TRIES):
+            if not clear:
+                break
+            x = heapq.heappop(clear)
+            if scheduled[x]:
+                continue
+            a = self.alloc[x]
+            if a == 0 or (self.mem.live + a <= limit and self.tree.max(lo, x) + a <= limit):  # type: ignore
+                self.tree.add(lo, x, a)
+                chosen = x
+                self.pulled += 1
+                self.why[x] = f"pulled ahead of {s.names[f]}, which waits on {self._blocker(f)}"
+                break
+            rejected.append(x)
+        for x in rejected:
+            heapq.heappush(clear, x)
+        return chosen
+
+    def _blocker(self, f: int) -> str:
+        s = self.s
+        best, best_end = -1, -1.0
+        for p in s.preds[f]:
+            if self.pending[p] and self.am.end[s.coll_of[p]] > best_end:
+                best, best_end = s.coll_of[p], self.am.end[s.coll_of[p]]
+        return s.names[best] if best >= 0 else "a collective"
+
+    def _prefetch(self, f: int, x: int) -> None:
+        if self.tree is None:
+            return
+        s = self.s
+        scheduled = self.scheduled
+        fences = s.fences
+        while self.fence_ptr < len(fences) and scheduled[fences[self.fence_ptr]]:
+            self.fence_ptr += 1
+        fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else s.n
+        t_next = max(self.t, self.release[x]) + self.dur[x]
+        cands = self.cands
+        retry: list[int] = []
+        while cands:
+            _, c = heapq.heappop(cands)
+            self.in_cands[c] = 0
+            if scheduled[c] or s.seq_pos[c] != self.gnext[s.group[c]]:
+                continue
+            if s.fence[c]:
+                why = "barrier-like collective: kept at its original place"
+            elif c > fence:
+                why = f"not moved across barrier-like collective {s.names[fence]}"
+            else:
+                why = self._gate(c, f, t_next)
+            if why:
+                self.gate[c] = why
+                retry.append(c)
+                continue
+            self._place_deps(c, f"needed by collective {s.names[c]}")
+            self._place(c)
+            self.why[c] = "prefetched" if s.fsdp[c] else "not FSDP-like: issued as soon as its inputs were ready"
+        for c in retry:
+            self._push_cand(c)
+
+    def _gate(self, c: int, f: int, t_next: float) -> str:
+        """Why collective ``c`` may not be issued before the chosen node ('' when it may)."""
+        s = self.s
+        am = self.am
+        for p in s.preds[c]:
+            if not self.scheduled[p]:
+                if not self.pending[p]:
+                    return "inputs not ready"
+                if am.end[s.coll_of[p]] > self.t:
+                    return f"its input {s.names[p]} waits on an unfinished collective"
+        g = s.group[c]
+        if s.fsdp[c]:
+            nxt = s.next_in_group(c)
+            queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
+            if not queued and am.stream_free(g) >= t_next:
+                return "issuing it earlier would not start it earlier (its stream is busy)"
+            if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
+                return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+        a = self.alloc[c]
+        if a:
+            limit = self.limit
+            lo = s.region_start[f]
+            if self.mem.live + a > limit:  # type: ignore[operator]
+                return f"memory limit: {self.mem.live} B live + {a} B output > {limit} B"
+            worst = self.tree.max(lo, c)  # type: ignore[union-attr]
+            if worst + a > limit:  # type: ignore[operator]
+                return f"memory limit: the original order peaks at {worst} B before it, + {a} B > {limit} B"
+            self.tree.add(lo, c, a)  # type: ignore[union-attr]
+        return ""
+
+    def _finish(self) -> None:
+        s = self.s
+        self._issue_due(s.n)
+        self._check_holds(s.n - 1)
+        rest = [i for i in range(s.n) if not self.scheduled[i]]
+        end = self.am.end
+        rest.sort(key=lambda w: (end[s.coll_of[w]] if s.kind[w] == WAIT else 0.0, w))
+        for w in rest:
+            if self.scheduled[w]:
+                continue
+            if s.kind[w] != WAIT:
+                raise InternalError(f"{s.names[w]} was left unscheduled")
+            self._place_deps(w, f"needed by {s.names[w]}")
+            self._place(w)
+            if not self.why[w]:
+                self.why[w] = "at the end of the graph"
+
+    # -- driver ---------------------------------------------------------------------------------------------
+    def run(self) -> ScheduleOutcome:
+        s = self.s
+        n = s.n
+        for i in [i for i in range(n) if not s.preds[i]]:
+            self._available(i)
+        computes = s.computes
+        nc = len(computes)
+        scheduled = self.scheduled
+        while True:
+            while self.front_ptr < nc and scheduled[computes[self.front_ptr]]:
+                self.front_ptr += 1
+            if self.front_ptr == nc:
+                break
+            f = computes[self.front_ptr]
+            self._issue_due(f)
+            self._release_finished()
+            x = self._choose(f)
+            if x == f:
+                self._check_holds(f)
+            self._place_deps(x, f"before its first consumer {s.names[x]}")
+            self._prefetch(f, x)
+            if scheduled[x]:
+                raise InternalError(f"{s.names[x]} was scheduled twice")
+            self._place(x)
+        self._finish()
+        if len(self.order) != n:
+            raise InternalError(f"scheduled {len(self.order)} of {n} nodes")
+        compute_end = self.t
+        exposed = self.exposed
+        for c in s.collectives:
+            if not s.waits_of[c] and self.am.end[c] > compute_end:
+                exposed += self.am.end[c] - compute_end
+        makespan = max([compute_end, *self.am.stream_end.values()])
+        return ScheduleOutcome(
+            self.order, self.mem.peak, exposed, makespan, self.why, self.gate, self.pulled, self.cap_exceeded
+        )

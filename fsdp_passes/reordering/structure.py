@@ -1,0 +1,139 @@
+"""Static facts about a DAG that the scheduler reads many times: node classes, wait links, group sequences.
+
+Everything here is computed once per ``plan_order`` call in O(V + E) and indexed by node id, so the
+scheduling loop never walks dicts or sets of names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from ..dag.graph import CollectiveOp, Dag, NodeKind
+
+#: scheduler classes of a node
+COMPUTE, COLLECTIVE, WAIT = 0, 1, 2
+
+
+def group_key(group_name: str | None) -> str:
+    """Stream name of a collective's process group (unnamed groups share one stream, as in the DAG)."""
+    return group_name or "?"
+
+
+def as_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
+    """The estimator input: one finite, non-negative duration (ms) per node id.
+
+    A collective's duration is its time on its process group's stream; every other node's duration is its
+    time on the compute stream (a wait's own duration comes after it stops blocking, normally 0).
+    """
+    n = len(dag.nodes)
+    if len(durations) != n:
+        raise ValueError(f"{len(durations)} durations for {n} nodes")
+    out = [float(d) for d in durations]
+    for i, d in enumerate(out):
+        if not (d >= 0.0 and math.isfinite(d)):
+            raise ValueError(f"duration of {dag.nodes[i].name} is {d}, not a finite non-negative number")
+    return out
+
+
+class Structure:
+    """Per-node arrays derived from a ``Dag``.
+
+    kind: COMPUTE, COLLECTIVE or WAIT (a wait that names no collective is scheduled like compute).
+    coll_of: for a wait, its collective; else -1.  waits_of: for a collective, its waits (ascending).
+    preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out.
+    group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
+    collective in its group's sequence.
+    fsdp / fence: FSDP-like collectives (may be prefetched) and ``CollectiveOp.OTHER`` ones (never moved, no
+    collective is moved across them).
+    computes / collectives / fences: ids of each class, ascending.
+    region_start: for a compute node f, one past the previous compute node (the baseline positions that lie
+    between two compute nodes belong to the later one's region).
+    compute_before: for every node, how many compute nodes precede it in the original order.
+    """
+
+    def __init__(self, dag: Dag):
+        nodes = dag.nodes
+        n = len(nodes)
+        self.n = n
+        self.names = [node.name for node in nodes]
+        kind = bytearray(n)
+        coll_of = [-1] * n
+        for i, node in enumerate(nodes):
+            if node.kind is NodeKind.COLLECTIVE:
+                kind[i] = COLLECTIVE
+        for i, node in enumerate(nodes):
+            if node.kind is not NodeKind.WAIT:
+                continue
+            c = node.collective_of
+            if c is None:
+                c = next((p for p in dag.preds[i] if kind[p] == COLLECTIVE), None)
+            if c is None:
+                continue  # a wait on nothing we know: an ordinary node on the compute stream
+            if not (0 <= c < n and kind[c] == COLLECTIVE):
+                raise ValueError(f"wait {node.name} names node {c}, which is not a collective")
+            kind[i] = WAIT
+            coll_of[i] = c
+        self.kind = kind
+        self.coll_of = coll_of
+
+        preds = [list(p) for p in dag.preds]
+        succs = [list(s) for s in dag.succs]
+        for w in range(n):
+            c = coll_of[w]
+            if c >= 0 and c not in dag.preds[w]:
+                if c > w:
+                    raise ValueError(f"wait {nodes[w].name} comes before its collective {nodes[c].name}")
+                preds[w].append(c)
+                preds[w].sort()
+                succs[c].append(w)
+                succs[c].sort()
+        self.preds = preds
+        self.succs = succs
+
+        waits_of: list[list[int]] = [[] for _ in range(n)]
+        for w in range(n):
+            if coll_of[w] >= 0:
+                waits_of[coll_of[w]].append(w)
+        self.waits_of = waits_of
+
+        self.group: list[str] = [""] * n
+        self.seq: dict[str, list[int]] = {}
+        self.seq_pos = [-1] * n
+        self.fsdp = bytearray(n)
+        self.fence = bytearray(n)
+        for i, node in enumerate(nodes):
+            if kind[i] != COLLECTIVE:
+                continue
+            g = group_key(node.group_name)
+            self.group[i] = g
+            s = self.seq.setdefault(g, [])
+            self.seq_pos[i] = len(s)
+            s.append(i)
+            if node.collective is CollectiveOp.OTHER:
+                self.fence[i] = 1
+            elif node.fsdp:
+                self.fsdp[i] = 1
+
+        self.computes = [i for i in range(n) if kind[i] == COMPUTE]
+        self.collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        self.fences = [i for i in self.collectives if self.fence[i]]
+
+        region_start = [0] * n
+        compute_before = [0] * n
+        prev = -1
+        count = 0
+        for i in range(n):
+            compute_before[i] = count
+            if kind[i] == COMPUTE:
+                region_start[i] = prev + 1
+                prev = i
+                count += 1
+        self.region_start = region_start
+        self.compute_before = compute_before
+
+    def next_in_group(self, c: int) -> int:
+        """The collective issued after ``c`` in its group, or -1."""
+        s = self.seq[self.group[c]]
+        k = self.seq_pos[c] + 1
+        return s[k] if k < len(s) else -1
