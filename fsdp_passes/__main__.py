@@ -1,0 +1,250 @@
+"""``python -m fsdp_passes`` (console script ``fsdp-passes``): demo, report, simulate, calibrate.
+
+    python -m fsdp_passes demo [--layers 4 --dim 256 --world-size 8 --cluster h100-nvlink --bucketing auto]
+    python -m fsdp_passes report DUMP_DIR [OTHER_DUMP_DIR]
+    python -m fsdp_passes simulate DUMP_DIR --cluster a100 --world-size 64
+    python -m fsdp_passes calibrate --out calibration.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+PROG = "python -m fsdp_passes"
+
+
+class CliError(Exception):
+    """An error to report as one line on stderr (exit code 2)."""
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+# -- report ---------------------------------------------------------------------------------------------------
+
+
+def _print_report(root: str, header: bool = True) -> None:
+    from .debug.reader import load_dumps
+    from .debug.tables import summary_table, totals_table
+
+    dumps = load_dumps(root)
+    if header:
+        _say(f"{len(dumps)} graph(s) in {root}")
+    for d in dumps:
+        _say("")
+        _say(summary_table(d.summary).rstrip("\n"))
+    if len(dumps) > 1:
+        _say("")
+        _say(totals_table([d.summary for d in dumps]).rstrip("\n"))
+
+
+def _print_comparison(root_a: str, root_b: str) -> None:
+    from .debug.reader import load_dumps, pair_dumps
+    from .debug.tables import comparison_table, totals
+
+    a, b = load_dumps(root_a), load_dumps(root_b)
+    _say(f"A = {root_a} ({len(a)} graphs)")
+    _say(f"B = {root_b} ({len(b)} graphs)")
+    for da, db in pair_dumps(a, b):
+        _say("")
+        if da is None or db is None:
+            only, where = (da, "A") if db is None else (db, "B")
+            _say(f"{only.name}: only in {where}")
+            continue
+        _say(comparison_table(da.summary, db.summary).rstrip("\n"))
+    ta = totals([d.summary for d in a])
+    tb = totals([d.summary for d in b])
+    ta["graph"] = tb["graph"] = f"all graphs (step = sum of makespans)"
+    _say("")
+    _say(comparison_table(ta, tb).rstrip("\n"))
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    if args.other is None:
+        _print_report(args.dir)
+    else:
+        _print_comparison(args.dir, args.other)
+    return 0
+
+
+# -- demo -----------------------------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .debug.demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(layers=args.layers, dim=args.dim, world_size=args.world_size, cluster=args.cluster,
+                     bucketing=args.bucketing, out=args.out, full_compile=args.full_compile,
+                     seq_len=args.seq_len)
+    result = run_demo(cfg, say=_say)
+    _say(f"done in {result.seconds:.1f} s")
+    _say("")
+    _print_report(result.out, header=False)
+    from .debug.reader import load_dumps
+
+    dumps = load_dumps(result.out)
+    _say("")
+    _say(f"dumps: {result.out}/<graph>/ (schedule_before.txt, schedule_after.txt, buckets.json, dag.json, "
+         "dag.dot, summary.json)")
+    for d in dumps:
+        _say(f"trace: {d.file('trace.json')}  (open in https://ui.perfetto.dev)")
+    _say(f"again: {PROG} report {result.out}")
+    return 0
+
+
+# -- simulate -------------------------------------------------------------------------------------------------
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .cost_model import load_profile
+    from .debug.dag_json import read_dag_json
+    from .debug.reader import DumpError, load_dumps
+    from .debug.whatif import what_if, what_if_table
+
+    try:
+        profile = load_profile(args.cluster)
+    except ValueError as exc:
+        raise CliError(f"--cluster: {exc}") from None
+    if args.world_size is not None and args.world_size < 1:
+        raise CliError(f"--world-size {args.world_size}: expected an integer >= 1")
+    if args.calibration is not None and not os.path.isfile(args.calibration):
+        raise CliError(f"--calibration {args.calibration}: no such file")
+    dumps = load_dumps(args.dir)
+    results = []
+    for d in dumps:
+        path = d.file("dag.json")
+        if not os.path.isfile(path):
+            raise DumpError(f"{path}: no such file (the dump has no DAG to re-estimate)")
+        try:
+            dump = read_dag_json(path)
+        except ValueError as exc:
+            raise DumpError(str(exc)) from None
+        dump.graph = dump.graph or d.name
+        results.append(what_if(dump, profile, world_size=args.world_size, fixed=args.fixed,
+                               calibration=args.calibration, replan=not args.no_replan))
+    world = f"world size {args.world_size}" if args.world_size else "dumped world size"
+    _say(f"what-if for {args.dir}: cluster {profile.name}, {world}"
+         + (f" ({args.fixed} size fixed)" if args.world_size else ""))
+    _say(what_if_table(results).rstrip("\n"))
+    planners = sorted({r.planner for r in results})
+    _say("re-planned: " + "; ".join(planners))
+    _say("before: order the scheduler pass received; dumped order: the order it chose, re-timed; "
+         "re-planned: a new plan for these numbers. Times are per graph; a step runs each graph once.")
+    return 0
+
+
+# -- calibrate ------------------------------------------------------------------------------------------------
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .cost_model import calibrate
+
+    return calibrate.run(args)
+
+
+# -- parser ---------------------------------------------------------------------------------------------------
+
+
+def _profiles() -> list[str]:
+    from .cost_model import available_profiles
+
+    return available_profiles()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Bucketing and overlap scheduling of FSDP collectives in torch.compile: demo, inspect dumps, "
+                    "what-if estimates, calibration.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    demo = sub.add_parser(
+        "demo", help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
+        description="Build a Llama-style model, shard it SimpleFSDP-style over a fake process group, compile "
+                    "forward and backward with the passes on (stopping after Inductor's scheduler), write dumps and "
+                    "print what the passes did. Needs no GPU and no cluster.",
+    )
+    demo.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
+    demo.add_argument("--dim", type=int, default=256, help="model width; a multiple of the world size (default 256)")
+    demo.add_argument("--seq-len", type=int, default=256, help="sequence length (default 256)")
+    demo.add_argument("--world-size", type=int, default=8, help="ranks of the fake process group (default 8)")
+    demo.add_argument("--cluster", default="h100-nvlink",
+                      help="cluster profile the cost model uses: a shipped name or a profile JSON file "
+                           "(default h100-nvlink; shipped: " + ", ".join(_profiles()) + ")")
+    demo.add_argument("--bucketing", choices=("auto", "manual", "none"), default="auto",
+                      help="auto: cost-model planner; manual: one bucket per layer; none (default auto)")
+    demo.add_argument("--out", default="./fsdp_dumps", help="dump folder (default ./fsdp_dumps)")
+    demo.add_argument("--full-compile", action="store_true",
+                      help="run a real torch.compile step (builds C++ kernels: much slower on CPU)")
+    demo.set_defaults(func=cmd_demo)
+
+    report = sub.add_parser(
+        "report", help="print the tables of a dump folder, or compare two",
+        description="Print per-graph tables (collectives, exposed comm, makespan, peak memory before -> after, "
+                    "lower bound) of a dump folder written with debug_dir; with a second folder, compare them "
+                    "side by side (graphs matched by name, else in compile order).",
+    )
+    report.add_argument("dir", help="dump folder (the debug_dir, or one graph's folder in it)")
+    report.add_argument("other", nargs="?", default=None, help="a second dump folder to compare with")
+    report.set_defaults(func=cmd_report)
+
+    simulate = sub.add_parser(
+        "simulate", help="what-if: re-estimate dumped graphs on another cluster profile / world size",
+        description="Reload each graph's dag.json, re-estimate every node on another cluster profile (and world "
+                    "size), and print the predicted time and exposed communication of the order before the pass, "
+                    "of the order it chose, and of a fresh plan. World-size scaling resizes the process groups "
+                    "as large as the dumped world; with --fixed model (default) full parameter / gradient sizes "
+                    "stay and shards shrink, with --fixed shard shard sizes stay and full sizes grow with the "
+                    "group. Compute is unchanged (same per-rank batch).",
+    )
+    simulate.add_argument("dir", help="dump folder")
+    simulate.add_argument("--cluster", default="h100-nvlink",
+                          help="cluster profile name or JSON file (shipped: " + ", ".join(_profiles()) + ")")
+    simulate.add_argument("--world-size", type=int, default=None,
+                          help="resize the world-sized process groups to this many ranks (default: as dumped)")
+    simulate.add_argument("--fixed", choices=("model", "shard"), default="model",
+                          help="what stays fixed when the world size changes (default model)")
+    simulate.add_argument("--calibration", default=None, help="calibration JSON file to price nodes with")
+    simulate.add_argument("--no-replan", action="store_true", help="do not run the planner again")
+    simulate.set_defaults(func=cmd_simulate)
+
+    cal = sub.add_parser(
+        "calibrate", help="measure collective times on this machine / job and write a calibration table",
+        description="Measure collective times (under torchrun: on the job's ranks; otherwise on --world-size local "
+                    "gloo processes) and write a calibration JSON for Options(calibration=...).",
+    )
+    from .cost_model import calibrate
+
+    calibrate.add_arguments(cal)
+    cal.set_defaults(func=cmd_calibrate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (errors: one line on stderr, code 2)."""
+    from .debug.dag_json import DagJsonError
+    from .debug.reader import DumpError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CliError, DumpError, DagJsonError) as exc:
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:  # bad option values (cluster name, sizes...), unwritable folders
+        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

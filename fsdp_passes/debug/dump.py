@@ -1,0 +1,295 @@
+"""Per-graph debug dumps, structured-trace artifacts and DEBUG logs of the passes.
+
+``Options.debug_dir`` (or ``FSDP_PASSES_DEBUG_DIR``) makes every compiled graph write a folder
+``<debug_dir>/<graph>/`` (``<debug_dir>/rank<k>/<graph>/`` on ranks other than 0), where ``<graph>`` is the
+report's name (``000_fwd_frame0.0``: compile order first, so folders sort in compile order):
+
+========================  ===================================================================================
+``schedule_before.txt``   the order the scheduler pass received, one row per node (see ``tables``)
+``schedule_after.txt``    the order it returned, with each node's position before the pass
+``buckets.json``          the buckets the FX pass built (``[]`` when it built none / did not run)
+``dag.json``              the DAG, both orders and the durations, losslessly (see ``dag_json``)
+``dag.dot``               the DAG for Graphviz
+``trace.json``            Chrome / Perfetto trace, processes "before" and "after"
+``summary.json``          the numbers of the graph (``GraphReport.to_json`` and more)
+``timeline.png``          both timelines, if matplotlib is installed
+========================  ===================================================================================
+
+Writing a dump never breaks a compile: a failure is a warning.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import warnings
+import weakref
+from typing import Any, Sequence
+
+from ..dag.graph import Dag
+from ..report import GraphReport, last_reports
+from ..simulate import chrome_trace, simulate
+from .dag_json import dag_to_json
+from .tables import schedule_table
+
+log = logging.getLogger("fsdp_passes")
+
+SUMMARY_KEYS = (
+    "graph",
+    "n_collectives_before",
+    "n_collectives_after",
+    "exposed_comm_ms_before",
+    "exposed_comm_ms_after",
+    "makespan_ms_before",
+    "makespan_ms_after",
+    "lower_bound_ms",
+    "peak_memory_bytes_before",
+    "peak_memory_bytes_after",
+    "pass_time_s",
+    "collective_fingerprint",
+    "options",
+)
+DUMP_FILES = ("schedule_before.txt", "schedule_after.txt", "buckets.json", "dag.json", "dag.dot", "trace.json",
+              "summary.json")
+
+# graph name -> the FX (bucketing) pass report of that graph, for the scheduler dump of the same graph
+_FX_REPORTS: "collections.OrderedDict[str, GraphReport]" = collections.OrderedDict()
+_MAX_FX_REPORTS = 256
+_REASONS_LOGGED: "weakref.WeakValueDictionary[int, GraphReport]" = weakref.WeakValueDictionary()
+
+
+def remember_fx_report(report: GraphReport) -> None:
+    """Keep the bucketing report of a graph until its scheduler pass runs (at most 256 graphs)."""
+    _FX_REPORTS[report.graph] = report
+    _FX_REPORTS.move_to_end(report.graph)
+    while len(_FX_REPORTS) > _MAX_FX_REPORTS:
+        _FX_REPORTS.popitem(last=False)
+
+
+def fx_report_for(graph: str) -> GraphReport | None:
+    """The FX pass report of ``graph``: remembered by ``write_bucketing_dump`` or recorded in ``last_reports``."""
+    report = _FX_REPORTS.get(graph)
+    if report is not None:
+        return report
+    for r in reversed(last_reports()):
+        if r.pass_name == "fx" and r.graph == graph:
+            return r
+    return None
+
+
+def graph_dir(debug_dir: str | os.PathLike[str], graph: str) -> str:
+    """``<debug_dir>/<graph>`` on rank 0 (or without distributed), ``<debug_dir>/rank<k>/<graph>`` elsewhere."""
+    rank = _rank()
+    base = os.fspath(debug_dir) if rank == 0 else os.path.join(os.fspath(debug_dir), f"rank{rank}")
+    return os.path.join(base, _safe_name(graph))
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank()
+    except Exception:  # no distributed: rank 0
+        pass
+    return 0
+
+
+def _safe_name(graph: str) -> str:
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in str(graph)) or "graph"
+    return name.lstrip(".") or "graph"
+
+
+def _write_text(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _write_json(path: str, data: Any) -> None:
+    _write_text(path, json.dumps(data, indent=1, default=str) + "\n")
+
+
+def _buckets_of(report: GraphReport | None) -> list[Any]:
+    if report is None or report.fallback:
+        return []
+    buckets = report.extra.get("buckets")
+    if buckets is None:  # bucket_graph's report keeps them under extra["bucketing"]["buckets"]
+        buckets = (report.extra.get("bucketing") or {}).get("buckets")
+    return list(buckets or [])
+
+
+# -- FX pass --------------------------------------------------------------------------------------------------
+
+
+def write_bucketing_dump(debug_dir: str | os.PathLike[str] | None, report: GraphReport) -> str | None:
+    """Remember the FX pass ``report`` of its graph and, with a ``debug_dir``, write its ``buckets.json``.
+
+    ``buckets.json`` is the list ``report.extra["buckets"]`` (one dict per bucket: members, op, group, dtype,
+    bytes, estimated_ms, close_reason), ``[]`` when the pass built none.  Returns the file written, if any.
+    """
+    remember_fx_report(report)
+    if not debug_dir:
+        return None
+    try:
+        folder = graph_dir(debug_dir, report.graph)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "buckets.json")
+        _write_json(path, _buckets_of(report))
+        return path
+    except Exception as exc:  # a dump must never break the compile
+        _dump_failed(report.graph, exc)
+        return None
+
+
+# -- scheduler pass -------------------------------------------------------------------------------------------
+
+
+def build_summary(report: GraphReport, timelines: tuple[Any, Any] | None = None, dag: Dag | None = None) -> dict:
+    """summary.json: ``report.to_json()`` with the FX pass of the same graph folded in.
+
+    ``n_collectives_before`` counts collectives before bucketing when the FX pass bucketed this graph
+    (``n_collectives_before_scheduler`` keeps the count the scheduler pass received); ``pass_time_s`` is
+    the time of both passes on this graph.
+    """
+    summary = report.to_json()
+    summary["n_collectives_before_scheduler"] = report.n_collectives_before
+    summary["scheduler_pass_time_s"] = report.pass_time_s
+    fx = fx_report_for(report.graph)
+    if fx is not None:
+        fx_json = fx.to_json()
+        fx_json.pop("extra", None)
+        fx_json.pop("options", None)
+        summary["fx"] = fx_json
+        summary["fx_pass_time_s"] = fx.pass_time_s
+        summary["pass_time_s"] = report.pass_time_s + fx.pass_time_s
+        if not fx.fallback and fx.n_collectives_before:
+            summary["n_collectives_before"] = fx.n_collectives_before
+        summary["n_buckets"] = len(_buckets_of(fx))
+        bucketing = fx.extra.get("bucketing")
+        if isinstance(bucketing, dict):  # why the other collectives stayed alone, unmatched plan entries...
+            summary["bucketing"] = {k: v for k, v in bucketing.items() if k != "buckets"}
+    else:
+        summary["fx"] = None
+        summary["fx_pass_time_s"] = 0.0
+        summary["n_buckets"] = 0
+    if dag is not None:
+        summary["n_nodes"] = len(dag)
+    if timelines is not None:
+        tb, ta = timelines
+        summary["comm_ms_before"] = dict(tb.comm_time)
+        summary["comm_ms_after"] = dict(ta.comm_time)
+        summary["compute_busy_ms"] = ta.compute_busy
+    return summary
+
+
+def move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after: Sequence[int]) -> list[str]:
+    """One line per node the pass moved: its name, positions and the planner's reason."""
+    reasons = report.extra.get("reasons") or {}
+    pos_before = {i: p for p, i in enumerate(before)}
+    lines = []
+    for p, i in enumerate(after):
+        name = dag.nodes[i].name
+        if pos_before.get(i) != p or name in reasons:
+            why = reasons.get(name, "moved by its dependencies")
+            lines.append(f"{report.graph}: {name} {pos_before.get(i)} -> {p}: {why}")
+    return lines
+
+
+def log_move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after: Sequence[int]) -> None:
+    """DEBUG log, once per report: why each node moved (``report.extra["reasons"]``)."""
+    if id(report) in _REASONS_LOGGED or not log.isEnabledFor(logging.DEBUG):
+        return
+    _REASONS_LOGGED[id(report)] = report
+    for line in move_reasons(report, dag, before, after):
+        log.debug("fsdp_passes moved %s", line)
+
+
+def emit_artifacts(summary: dict, schedule_before: str, schedule_after: str) -> None:
+    """Structured-trace (tlparse) artifacts ``fsdp_passes_<graph>_{summary,schedule_before,schedule_after}``."""
+    try:
+        from torch._logging import trace_structured
+    except ImportError:  # pragma: no cover - torch without structured logging
+        return
+    graph = summary.get("graph", "graph")
+    items = (
+        ("summary", "json", lambda: json.dumps(summary, default=str)),
+        ("schedule_before", "string", lambda: schedule_before),
+        ("schedule_after", "string", lambda: schedule_after),
+    )
+    for what, encoding, payload in items:
+        trace_structured(
+            "artifact",
+            metadata_fn=lambda what=what, encoding=encoding: {"name": f"fsdp_passes_{graph}_{what}",
+                                                              "encoding": encoding},
+            payload_fn=payload,
+            expect_trace_id=False,
+        )
+
+
+def write_scheduler_dump(
+    debug_dir: str | os.PathLike[str] | None,
+    report: GraphReport,
+    dag: Dag,
+    durations: Sequence[float],
+    before_order: Sequence[int],
+    after_order: Sequence[int],
+    timelines: tuple[Any, Any] | None = None,
+) -> str | None:
+    """Write the dump folder of one graph (see the module docstring), emit the structured-trace artifacts
+    and DEBUG-log the move reasons.  ``timelines`` are (before, after) ``simulate`` results of the two
+    orders (simulated here when None).  Returns the folder, or None without ``debug_dir`` or on failure
+    (which is a warning, never an exception).
+    """
+    try:
+        log_move_reasons(report, dag, before_order, after_order)
+        if timelines is None:
+            timelines = (simulate(dag, before_order, durations), simulate(dag, after_order, durations))
+        tb, ta = timelines
+        summary = build_summary(report, timelines, dag)
+        before_txt = schedule_table(dag, before_order, durations, tb,
+                                    title=f"graph {report.graph}: schedule before the pass")
+        after_txt = schedule_table(dag, after_order, durations, ta, was=before_order,
+                                   title=f"graph {report.graph}: schedule after the pass "
+                                         "(was: position before the pass)")
+        emit_artifacts(summary, before_txt, after_txt)
+        if not debug_dir:
+            return None
+        folder = graph_dir(debug_dir, report.graph)
+        os.makedirs(folder, exist_ok=True)
+        files = list(DUMP_FILES)
+        _write_text(os.path.join(folder, "schedule_before.txt"), before_txt)
+        _write_text(os.path.join(folder, "schedule_after.txt"), after_txt)
+        _write_json(os.path.join(folder, "buckets.json"), _buckets_of(fx_report_for(report.graph)))
+        meta = {"cluster": report.options.get("cluster"), "options": report.options}
+        _write_text(
+            os.path.join(folder, "dag.json"),
+            json.dumps(dag_to_json(dag, before_order, after_order, durations, graph=report.graph, meta=meta),
+                       default=str) + "\n",
+        )
+        _write_text(os.path.join(folder, "dag.dot"), dag.to_dot(report.graph))
+        trace = chrome_trace({"before": (dag, tb), "after": (dag, ta)})
+        _write_text(os.path.join(folder, "trace.json"), json.dumps(trace) + "\n")
+        from .plot import write_timeline_png
+
+        png = os.path.join(folder, "timeline.png")
+        if write_timeline_png(png, dag, {"before": tb, "after": ta}, title=report.graph):
+            files.append("timeline.png")
+        elif os.path.exists(png):
+            os.remove(png)  # stale, from an earlier run with matplotlib
+        summary["files"] = files
+        _write_json(os.path.join(folder, "summary.json"), summary)
+        log.debug("fsdp_passes %s: dump written to %s", report.graph, folder)
+        return folder
+    except Exception as exc:  # a dump must never break the compile
+        _dump_failed(report.graph, exc)
+        return None
+
+
+def _dump_failed(graph: str, exc: BaseException) -> None:
+    message = f"fsdp_passes: could not write the debug dump of graph {graph}: {type(exc).__name__}: {exc}"
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    log.warning(message)
