@@ -57,6 +57,7 @@ class BucketingResult:
     unmatched_entries: list[str] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     rewrite: RewriteStats | None = None
+    report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
 
     @property
     def merged(self) -> list[Bucket]:
@@ -133,6 +134,7 @@ def bucket_graph(
     *,
     param_fqns: Mapping[str, str] | None = None,
     baseline_peak: int | None = None,
+    graph_name: str = "graph",
 ) -> BucketingResult:
     """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
 
@@ -141,6 +143,7 @@ def bucket_graph(
     param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
     baseline_peak: the unbucketed graph's peak memory in bytes, for a percentage ``memory_budget``
         (default: simulated from the DAG in graph order).
+    graph_name: names the graph in ``result.report``.
 
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
     ``options.strict``; otherwise they are reported in the result and warned about.
@@ -148,6 +151,10 @@ def bucket_graph(
     options = options or Options()
     g = graph.graph if isinstance(graph, fx.GraphModule) else graph
     dag = dag_from_fx(g)
+    if cost_model is None and options.bucketing != "none":
+        from ..cost_model import CostModel
+
+        cost_model = CostModel.from_options(options.cluster, options.calibration)
     plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, baseline_peak=baseline_peak)
     if plan.unmatched_entries:
         warnings.warn(
@@ -156,7 +163,7 @@ def bucket_graph(
             stacklevel=2,
         )
     stats = apply_buckets(graph, dag, plan.buckets)
-    return BucketingResult(
+    result = BucketingResult(
         mode=options.bucketing,
         buckets=plan.buckets,
         n_collectives_before=plan.n_collectives_before,
@@ -166,3 +173,24 @@ def bucket_graph(
         collectives=list(stats.collectives),
         rewrite=stats,
     )
+    result.report = _report(result, dag, g, options, cost_model, graph_name)
+    return result
+
+
+def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,
+            graph_name: str) -> Any:
+    """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
+    from ..report import GraphReport, collective_fingerprint, fill_schedule_numbers
+
+    report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
+                         n_collectives_after=result.n_collectives_after, options=options.to_json())
+    report.extra["bucketing"] = result.to_json()
+    after = dag_from_fx(g) if result.merged else before
+    report.collective_fingerprint = collective_fingerprint(after)
+    if cost_model is not None:
+        fill_schedule_numbers(
+            report,
+            (before, list(range(len(before))), cost_model.estimate(before)),
+            (after, list(range(len(after))), cost_model.estimate(after)),
+        )
+    return report

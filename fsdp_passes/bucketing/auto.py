@@ -170,7 +170,8 @@ def _plan_sequence(dag: Dag, seq: list[int], ready: list[float], first_use: list
                    cap_bytes: int | None, budget: int | None, key: tuple) -> list[Bucket]:
     first = dag.nodes[seq[0]]
     op = first.collective
-    group_size = first.group_size or 1
+    # an all-reduce names only its group; when the group is not known to this process, price it as 2 ranks
+    group_size = first.group_size or 2
     ranks = first.group_ranks
     label = f"auto:{key[0]}:{key[1]}:{key[3]}"
     cache: dict[int, float] = {}

@@ -115,8 +115,8 @@ def bucketability(dag: Dag, i: int, *, bucket_non_fsdp: bool = False) -> str | N
         return f"{node.collective.value if node.collective else 'unknown'} collectives are not bucketed"
     if not node.fsdp and not bucket_non_fsdp:
         return "not an FSDP parameter gather / gradient reduction (set bucket_non_fsdp=True to include it)"
-    if not node.group_size or node.group_size < 1:
-        return "unknown process-group size"
+    if node.collective is not CollectiveOp.ALL_REDUCE and (not node.group_size or node.group_size < 1):
+        return "unknown process-group size"  # all-gather / reduce-scatter carry it in their arguments
     waits = [s for s in dag.succs[i] if dag.nodes[s].kind is NodeKind.WAIT]
     if len(waits) != 1:
         return f"has {len(waits)} waits, expected exactly one"
