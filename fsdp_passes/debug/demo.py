@@ -106,8 +106,7 @@ class _DemoSchedulerPass:
             self.say(f"  {'backward' if kind == 'bwd' else 'forward'} graph {name}: {len(nodes)} scheduler nodes, "
                      f"{reports[-1].collectives_moved} collectives moved")
         else:
-            name = fx_name or f"{900 + self.seq:03d}_{kind}"
-            self.seq += 1
+            name = fx_name or self._new_name(kind)
             why = next((str(w.message) for w in reversed(self.caught[n_warnings:])
                         if "scheduler pass" in str(w.message)), "the scheduler pass did not run")
             self.result.fallbacks[name] = why
@@ -118,6 +117,15 @@ class _DemoSchedulerPass:
         if kind == "fwd":
             self.say("compiling backward ...")
         return out
+
+    def _new_name(self, kind: str) -> str:
+        try:  # the passes' own naming (compile order, frame id), so folders sort the same way
+            from ..inductor.hooks import _new_graph_name
+
+            return _new_graph_name(kind)
+        except Exception:
+            self.seq += 1
+            return f"{900 + self.seq:03d}_{kind}"
 
     def _pending_fx_name(self, kind: str) -> str | None:
         seen = {r.graph for r in last_reports() if r.pass_name == "scheduler"} | set(self.result.graphs)
