@@ -28,6 +28,8 @@ def _snapshot(graph: fx.Graph) -> fx.Graph:
 def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         graph.erase_node(node)
+    # a failed rewrite may have left the insertion point on an erased node: append at the end again
+    graph._insert = graph._root.prepend
     out = graph.graph_copy(snapshot, {})
     graph.output(out)
 

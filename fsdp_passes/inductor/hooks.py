@@ -91,17 +91,21 @@ _graph_seq = 0
 _current: dict[str, str] = {}
 
 
-def _new_graph_name(kind: str) -> str:
-    global _graph_seq
-    name = f"{_graph_seq:03d}_{kind}"
+def _compile_id() -> str:
     try:
         from torch._guards import CompileContext
 
         cid = CompileContext.current_compile_id()
         if cid is not None and cid.frame_id is not None:
-            name += f"_frame{cid.frame_id}.{cid.frame_compile_id}"
+            return f"frame{cid.frame_id}.{cid.frame_compile_id}"
     except Exception:  # the compile id is a label only
         pass
+    return "frame?"
+
+
+def _new_graph_name(kind: str) -> str:
+    global _graph_seq
+    name = f"{_graph_seq:03d}_{kind}_{_compile_id()}"
     _graph_seq += 1
     return name
 
@@ -122,7 +126,8 @@ def graph_name_for_scheduler() -> str:
     except Exception:
         kind = "fwd"
     name = _current.pop("fx", None)
-    if name is not None and name.split("_")[1] == kind:
+    # the FX pass's name only if it was this graph's (a capture may have stopped a compile after it)
+    if name is not None and name.split("_", 1)[1] == f"{kind}_{_compile_id()}":
         return name
     return _new_graph_name(kind)
 

@@ -49,7 +49,9 @@ def reorder_scheduler_nodes(
         )
         order = list(result.order)
         report.collectives_moved = result.moved
-        report.extra["reasons"] = {dag.nodes[i].name: why for i, why in sorted(result.reasons.items())}
+        report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
+        if result.fallback:
+            report.extra["reorder_fallback"] = result.fallback
     else:
         order = identity
     if injected("scheduler") == "bad_order":
