@@ -95,6 +95,7 @@ def pos_of(order):
 def check_plan(dag, durations, res, budget, max_prefetch=None):
     """Every hard guarantee of plan_order, checked with the simulator."""
     n = len(dag)
+    assert not (res.fallback or "").startswith("scheduler error"), res.fallback
     assert sorted(res.order) == list(range(n))
     assert dag.order_violations(res.order) == []
     before = simulate(dag, list(range(n)), durations)

@@ -8,11 +8,12 @@ The *frontier* ``f`` is the lowest-numbered compute node not yet scheduled.  Eve
 
 1. due collectives (id < f: the original order issued them before ``f``) are issued now, unconditionally
    (FSDP ones after freeing a ``max_prefetch`` slot if needed);
-2. waits whose collective has finished in simulated time and whose running frees memory are placed
-   (no blocking; this is what releases reduce-scatter inputs);
+2. waits whose collective has finished in simulated time and whose running frees memory (or that nothing
+   consumes) are placed, without blocking; this is what releases reduce-scatter inputs;
 3. a compute node is chosen: the frontier if nothing it needs is still in flight; otherwise the
-   lowest-numbered compute node whose inputs are all available now (it fills the gap), if the memory limit
-   allows pulling it ahead; otherwise the frontier, blocking on its waits;
+   lowest-numbered compute node whose inputs are all available now and that ends before the frontier's
+   collectives do (it fills the gap without delaying the frontier), if the memory limit allows pulling it
+   ahead; otherwise the frontier, blocking on its waits;
 4. waits that were deferred past their original place and keep inputs alive are checked against the memory
    limit; the ones that no longer fit are placed now;
 5. the chosen node's pending waits are placed (as late as possible: right before it);
@@ -93,9 +94,13 @@ class ListScheduler:
         self.clear: list[int] = []  # available compute, nothing in flight it needs
         self.blocked: list[tuple[float, int]] = []  # available compute, (release, id)
         self.finishing: list[tuple[float, int]] = []  # pending waits by (collective end, id)
+        self.slow: list[tuple[float, int]] = []  # finished pending waits that take compute time
+        self.filling = False
         self.overdue_heap: list[int] = []  # pending waits by id
         self.overdue: list[int] = []  # pending waits past their original position
         self.hold_from: dict[int, int] = {}  # wait -> first position its hold is not yet charged on
+        self.is_overdue = bytearray(n)
+        self.held_by_overdue = [0] * n  # per buffer: how many of its remaining users are overdue waits
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.cands: list[tuple[int, int]] = []
@@ -150,6 +155,8 @@ class ListScheduler:
                     self._push_cand(i)
 
     def _place(self, i: int) -> None:
+        if self.scheduled[i]:  # already placed while filling idle time
+            return
         s = self.s
         k = s.kind[i]
         if k == COLLECTIVE:
@@ -161,12 +168,25 @@ class ListScheduler:
         elif k == WAIT:
             c = s.coll_of[i]
             e = self.am.end[c]
+            if e > self.t and not self.filling and (self.finishing or self.slow):
+                # about to block: first run the waits that can use the idle time
+                self.filling = True
+                try:
+                    self._release_finished(horizon=e)
+                finally:
+                    self.filling = False
+                if self.scheduled[i]:
+                    return
             if e > self.t:
                 self.exposed += e - self.t
                 self.t = e
             self.t += self.dur[i]
             self.am.retire(c)
             self.pending[i] = 0
+            if self.is_overdue[i]:
+                held = self.held_by_overdue
+                for r in self.mem.uses[i]:
+                    held[r] -= 1
         else:
             self.t += self.dur[i]
         self.mem.run(i)
@@ -231,39 +251,54 @@ class ListScheduler:
         return am.count[g] < cap
 
     def _check_holds(self, upto: int) -> None:
-        """Pending waits whose original position is before ``upto`` and whose running would free memory
-        keep that memory alive at ``upto``: charge it, or place the wait now if the limit says no."""
+        """Pending waits whose original position is before ``upto`` (overdue) keep buffers alive that the
+        original order had freed by then: the buffers whose remaining users are all overdue waits.  Charge
+        that memory up to ``upto``, or place the wait now if the limit says no."""
         oh = self.overdue_heap
         scheduled = self.scheduled
+        uses = self.mem.uses
+        held = self.held_by_overdue
         while oh and oh[0] < upto:
             w = heapq.heappop(oh)
             if not scheduled[w]:
                 self.overdue.append(w)
+                self.is_overdue[w] = 1
+                for r in uses[w]:
+                    held[r] += 1
         if not self.overdue:
             return
         keep: list[int] = []
         tree = self.tree
         limit = self.limit
+        remaining = self.mem.remaining
+        alloc = self.alloc
         hi = upto + 1
+        charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         for w in self.overdue:
             if scheduled[w]:
                 continue
-            h = self.mem.frees_if_run(w)
             lo = self.hold_from.get(w, w + 1)
-            if h == 0 or lo >= hi:
-                if h == 0:
-                    self.hold_from[w] = max(lo, hi)
+            if lo >= hi:
+                keep.append(w)
+                continue
+            mine = [r for r in uses[w] if remaining[r] == held[r] and r not in charged]
+            h = 0
+            for r in mine:
+                h += alloc[r]
+            if h == 0:
+                self.hold_from[w] = hi
                 keep.append(w)
                 continue
             if tree is not None and tree.max(lo, hi) + h <= limit:  # type: ignore[operator]
                 tree.add(lo, hi, h)
                 self.hold_from[w] = hi
+                charged.update(mine)
                 keep.append(w)
                 continue
             self._place_deps(w, f"needed by {self.s.names[w]}")
             self._place(w)
             if not self.why[w]:
-                self.why[w] = f"early: keeping its {h} B of inputs alive longer would exceed the memory limit"
+                self.why[w] = f"early: keeping {h} B of inputs alive longer would exceed the memory limit"
         self.overdue = keep
 
     def _issue_due(self, f: int) -> None:
@@ -282,18 +317,56 @@ class ListScheduler:
             self._place(c)
             self.why[c] = "at its original place"
 
-    def _release_finished(self) -> None:
+    def _release_finished(self, horizon: Optional[float] = None) -> None:
+        """Place pending waits that free memory or that nothing consumes, once their collective has finished.
+
+        A wait that takes compute time of its own is compute work: it is only run early in time the compute
+        stream would spend blocked anyway.  With ``horizon`` (the stream is about to block until then), waits
+        finishing by ``horizon`` are placed first, if their own duration fits before it."""
         fh = self.finishing
-        while fh and fh[0][0] <= self.t:
-            _, w = heapq.heappop(fh)
-            if self.scheduled[w]:
+        slow = self.slow
+        dur = self.dur
+        scheduled = self.scheduled
+        if horizon is not None:
+            # first the waits that take time, while the stream is still free to run them before ``horizon``
+            late: list[tuple[float, int]] = []
+            while slow and slow[0][0] <= horizon and len(late) < PULL_TRIES:
+                e, w = heapq.heappop(slow)
+                if scheduled[w]:
+                    continue
+                if max(self.t, e) + dur[w] > horizon:
+                    late.append((e, w))
+                    continue
+                self._release(w, idle=True)
+            for item in late:
+                heapq.heappush(slow, item)
+        limit = self.t if horizon is None else horizon
+        while fh and fh[0][0] <= limit:
+            e, w = heapq.heappop(fh)
+            if scheduled[w]:
                 continue
-            freed = self.mem.frees_if_run(w)
-            if freed > 0:
-                self._place_deps(w, f"needed by {self.s.names[w]}")
-                self._place(w)
-                if not self.why[w]:
+            if dur[w] > 0.0:
+                if horizon is not None and max(self.t, e) + dur[w] <= horizon:
+                    self._release(w, idle=True)
+                else:
+                    heapq.heappush(slow, (e, w))
+                continue
+            self._release(w)
+
+    def _release(self, w: int, idle: bool = False) -> None:
+        """Place finished wait ``w`` if that frees memory, if nothing consumes it, or (``idle``) if its own
+        duration runs in time the compute stream would otherwise spend blocked."""
+        freed = self.mem.frees_if_run(w)
+        if freed > 0 or idle or not self.s.succs[w]:
+            self._place_deps(w, f"needed by {self.s.names[w]}")
+            self._place(w)
+            if not self.why[w]:
+                if freed:
                     self.why[w] = f"when its collective finished: frees {freed} B"
+                elif idle:
+                    self.why[w] = "when its collective finished: runs while the compute stream would block"
+                else:
+                    self.why[w] = "when its collective finished: nothing consumes it"
 
     def _choose(self, f: int) -> int:
         blocked, clear, scheduled = self.blocked, self.clear, self.scheduled
@@ -308,10 +381,12 @@ class ListScheduler:
             raise InternalError(f"frontier node {self.s.names[f]} has inputs that cannot be scheduled")
         if not clear or clear[0] == f or self.tree is None:
             return f
-        # the frontier waits on a collective still in flight: fill the gap with ready work if memory allows
+        # the frontier waits on a collective still in flight: fill the gap with ready work that ends before
+        # the frontier could start anyway (so the frontier is never delayed), if memory allows
         s = self.s
         lo = s.region_start[f]
         limit = self.limit
+        gap_end = self._release_time(f)
         rejected: list[int] = []
         chosen = f
         for _ in range(PULL_TRIES):
@@ -321,6 +396,9 @@ class ListScheduler:
             if scheduled[x]:
                 continue
             a = self.alloc[x]
+            if t + self.dur[x] > gap_end:
+                rejected.append(x)
+                continue
             if a == 0 or (self.mem.live + a <= limit and self.tree.max(lo, x) + a <= limit):  # type: ignore
                 self.tree.add(lo, x, a)
                 chosen = x
@@ -331,6 +409,17 @@ class ListScheduler:
         for x in rejected:
             heapq.heappush(clear, x)
         return chosen
+
+    def _release_time(self, x: int) -> float:
+        """When the collectives behind ``x``'s pending waits end (0 when none)."""
+        s = self.s
+        r = 0.0
+        for p in s.preds[x]:
+            if self.pending[p]:
+                e = self.am.end[s.coll_of[p]]
+                if e > r:
+                    r = e
+        return r
 
     def _blocker(self, f: int) -> str:
         s = self.s
@@ -438,6 +527,9 @@ class ListScheduler:
             self._issue_due(f)
             self._release_finished()
             x = self._choose(f)
+            r = self._release_time(x)
+            if r > self.t:
+                self._release_finished(horizon=r)
             if x == f:
                 self._check_holds(f)
             self._place_deps(x, f"before its first consumer {s.names[x]}")
