@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsdp_passes.dag import CollectiveOp, Dag, DagNode, NodeKind
-from fsdp_passes.reordering import HeadroomTree, MemoryModel, Structure, plan_order, replay
+from fsdp_passes.reordering import HeadroomTree, ListScheduler, MemoryModel, Structure, plan_order, replay
 from fsdp_passes.reordering import plan as plan_module
 from fsdp_passes.reordering.scheduler import ScheduleOutcome
 from fsdp_passes.simulate import memory_curve, simulate
@@ -471,6 +471,25 @@ def test_trackers_agree_with_the_simulator(case, seed):
     assert mine.exposed_ms == pytest.approx(tl.exposed_total)
     assert mine.makespan_ms == pytest.approx(tl.makespan)
     assert mine.peak_bytes == tl.peak_memory
+
+
+@settings(max_examples=150, deadline=None)
+@given(random_dags())
+def test_scheduler_time_and_memory_match_the_simulator(case):
+    # the scheduler's own simulated clock and live bytes, for the order it builds, are the simulator's
+    b, budget, cap = case
+    dag = b.dag()
+    s = Structure(dag)
+    mm = MemoryModel(dag, s)
+    base = mm.curve(range(len(dag)))
+    limit = max(base, default=0) + budget
+    for lim in (limit, None):
+        out = ListScheduler(s, mm, base, b.durations, limit=lim, max_prefetch=cap).run()
+        assert dag.order_violations(out.order) == []
+        tl = simulate(dag, out.order, b.durations)
+        assert out.exposed == pytest.approx(tl.exposed_total)
+        assert out.makespan == pytest.approx(tl.makespan)
+        assert out.peak == tl.peak_memory
 
 
 def _random_valid_order(dag, rnd):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -119,8 +120,12 @@ def plan_order(
     limit, and is never worse than the original order in simulated exposed communication or makespan (the
     original order is returned instead).
     """
-    if isinstance(memory_budget_bytes, bool) or not isinstance(memory_budget_bytes, int):
-        raise TypeError(f"memory_budget_bytes must be an int, not {type(memory_budget_bytes).__name__}")
+    if isinstance(memory_budget_bytes, bool):
+        raise TypeError("memory_budget_bytes must be an int, not bool")
+    try:
+        memory_budget_bytes = operator.index(memory_budget_bytes)
+    except TypeError:
+        raise TypeError(f"memory_budget_bytes must be an int, not {type(memory_budget_bytes).__name__}") from None
     if memory_budget_bytes < 0:
         raise ValueError(f"memory_budget_bytes must be >= 0, got {memory_budget_bytes}")
     if max_prefetch is not None and (isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int)
