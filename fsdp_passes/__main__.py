@@ -16,6 +16,10 @@ from typing import Sequence
 PROG = "python -m fsdp_passes"
 
 
+NOTE = ("collectives: before bucketing -> after; exposed comm, makespan, peak memory: the schedule the "
+        "reordering pass received (already bucketed) -> the one it chose; all simulated with the cost model.")
+
+
 class CliError(Exception):
     """An error to report as one line on stderr (exit code 2)."""
 
@@ -40,6 +44,8 @@ def _print_report(root: str, header: bool = True) -> None:
     if len(dumps) > 1:
         _say("")
         _say(totals_table([d.summary for d in dumps]).rstrip("\n"))
+    _say("")
+    _say(NOTE)
 
 
 def _print_comparison(root_a: str, root_b: str) -> None:
@@ -61,6 +67,8 @@ def _print_comparison(root_a: str, root_b: str) -> None:
     ta["graph"] = tb["graph"] = f"all graphs (step = sum of makespans)"
     _say("")
     _say(comparison_table(ta, tb).rstrip("\n"))
+    _say("")
+    _say(NOTE)
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -56,7 +56,7 @@ class DemoConfig:
         """Manual bucketing: one bucket per transformer layer, plus the embedding and the head."""
         if self.bucketing != "manual":
             return None
-        return ["tok_embeddings", *[f"layers.{i}" for i in range(self.layers)], ["norm", "output"]]
+        return ["tok_embeddings", f"layers.[0-{self.layers - 1}]", ["norm", "output"]]
 
     def validate(self) -> None:
         if self.layers < 1:
