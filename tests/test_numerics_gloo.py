@@ -46,21 +46,33 @@ def _step(rank: int, world_size: int) -> dict:
             "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()},
             "collectives": [(r.graph, r.pass_name, r.n_collectives_before, r.n_collectives_after) for r in reports],
         }
-    return out
+    # compare here and return plain values: tensors do not survive the trip out of a finished process
+    eager = out["eager"]
+    summary = {}
+    for name in CONFIGS:
+        got = out[name]
+        summary[name] = {
+            "loss_bitwise": bool(torch.equal(got["loss"], eager["loss"])),
+            "max_rel_vs_eager": max(
+                ((got["grads"][p] - g).norm() / g.norm().clamp_min(1e-30)).item() for p, g in eager["grads"].items()
+            ),
+            "grads_bitwise_vs_compiled": all(
+                torch.equal(got["grads"][p], out["compiled"]["grads"][p]) for p in eager["grads"]
+            ),
+            "collectives": got["collectives"],
+        }
+    return summary
 
 
 def test_passes_match_eager_and_unplanned_compile_on_gloo():
     results = run_on_gloo(2, _step, timeout=600)
     for rank, res in enumerate(results):
-        eager = res["eager"]
         for name in CONFIGS:
             got = res[name]
-            assert torch.equal(got["loss"], eager["loss"]), (rank, name, got["loss"], eager["loss"])
-            for pname, g in eager["grads"].items():
-                rel = ((got["grads"][pname] - g).norm() / g.norm().clamp_min(1e-30)).item()
-                assert rel <= 1e-6, (rank, name, pname, rel)
-                # bucketing only concatenates payloads: fp32 sums are bitwise those of the unplanned compile
-                assert torch.equal(got["grads"][pname], res["compiled"]["grads"][pname]), (rank, name, pname)
+            assert got["loss_bitwise"], (rank, name)
+            assert got["max_rel_vs_eager"] <= 1e-6, (rank, name, got["max_rel_vs_eager"])
+            # bucketing only concatenates payloads: fp32 sums are bitwise those of the unplanned compile
+            assert got["grads_bitwise_vs_compiled"], (rank, name)
         # the passes really ran: bucketing cut the collective count in the FX pass
         for name in ("auto", "manual"):
             fx = [c for c in res[name]["collectives"] if c[1] == "fx"]
