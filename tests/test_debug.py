@@ -363,3 +363,32 @@ def test_scale_world_size(fixed):
     assert list(scaled.edges()) == list(dag.edges())
     assert dag.nodes[1].group_size == 8  # the original is untouched
     assert [n.name for n in scaled.nodes] == [n.name for n in dag.nodes]
+
+
+def test_installed_passes_dump_every_graph_of_a_compile(tmp_path, fake_pg, fresh_inductor):
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama, capture_scheduler_nodes, example_inputs
+
+    model = build_llama(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=64, seq_len=8,
+                        reshard_after_forward=True)
+    fsdp_passes.last_reports(clear=True)
+    capture_scheduler_nodes(model, *example_inputs(model),
+                            options={"debug_dir": str(tmp_path), "strict": True, "bucketing": "auto"})
+    reports = fsdp_passes.last_reports(clear=True)
+    sched = [r for r in reports if r.pass_name == "scheduler"]
+    fx = {r.graph: r for r in reports if r.pass_name == "fx"}
+    assert [r.graph.split("_")[1] for r in sched] == ["fwd", "bwd"]
+    assert sorted(os.listdir(tmp_path)) == sorted(r.graph for r in sched)
+    for r in sched:
+        folder = os.path.join(tmp_path, r.graph)
+        summary = json.load(open(os.path.join(folder, "summary.json")))
+        assert summary["makespan_ms_after"] == r.makespan_ms_after
+        assert summary["n_collectives_before"] == fx[r.graph].n_collectives_before
+        buckets = json.load(open(os.path.join(folder, "buckets.json")))
+        assert buckets == fx[r.graph].extra["bucketing"]["buckets"]
+        dump = read_dag_json(os.path.join(folder, "dag.json"))
+        assert dump.dag.order_violations(dump.after) == []
+        assert simulate(dump.dag, dump.after, dump.durations).exposed_total == pytest.approx(
+            summary["exposed_comm_ms_after"])
+        rows = parse_schedule_table(open(os.path.join(folder, "schedule_after.txt")).read())
+        assert [row["name"] for row in rows] == [dump.dag.nodes[i].name for i in dump.after]
