@@ -64,7 +64,7 @@ def _print_comparison(root_a: str, root_b: str) -> None:
         _say(comparison_table(da.summary, db.summary).rstrip("\n"))
     ta = totals([d.summary for d in a])
     tb = totals([d.summary for d in b])
-    ta["graph"] = tb["graph"] = f"all graphs (step = sum of makespans)"
+    ta["graph"] = tb["graph"] = "all graphs (step = sum of makespans)"
     _say("")
     _say(comparison_table(ta, tb).rstrip("\n"))
     _say("")

@@ -23,7 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..dag.graph import CollectiveOp, Dag, NodeKind
+from ..dag.graph import CollectiveOp, Dag
 
 FIXED = ("model", "shard")
 
