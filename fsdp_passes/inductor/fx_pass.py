@@ -57,14 +57,22 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
         _restore(graph, snapshot)
         report = GraphReport(graph=graph_name, pass_name="fx", fallback="pass failed; graph left unchanged",
                              options=options.to_json())
-        record(report)
+        _publish(report, options)
         return None
 
     report = run_guarded("fx", options, attempt, fallback)
     if report is not None:
-        record(report)
+        _publish(report, options)
         log.info("fsdp_passes %s", report.one_line())
     return report
+
+
+def _publish(report: GraphReport, options: Options) -> None:
+    from ..debug import remember_fx_report, write_bucketing_dump
+
+    record(report)
+    remember_fx_report(report)
+    write_bucketing_dump(options.debug_dir, report)
 
 
 __all__ = ["run_fx_pass", "FsdpPassError"]

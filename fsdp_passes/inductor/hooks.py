@@ -178,11 +178,19 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         from .scheduler_pass import reorder_scheduler_nodes
 
         name = graph_name_for_scheduler()
+
+        def fallback() -> list:
+            from ..report import GraphReport, record
+
+            record(GraphReport(graph=name, pass_name="scheduler", options=self.options.to_json(),
+                               fallback="pass failed; input order kept"))
+            return nodes
+
         return run_guarded(
             "scheduler",
             self.options,
             lambda: reorder_scheduler_nodes(nodes, self.options, graph_name=name)[0],
-            lambda: nodes,
+            fallback,
         )
 
     def uuid(self) -> str:

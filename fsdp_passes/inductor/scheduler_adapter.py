@@ -53,6 +53,17 @@ def _op_name(snode: Any) -> str:
     kernel = getattr(node, "python_kernel_name", None)
     if kernel:
         return str(kernel)
+    # a generated (possibly fused) kernel: name it after the aten ops it computes, as a reader would
+    ops: list[str] = []
+    for part in getattr(snode, "snodes", None) or [snode]:
+        for origin in sorted(getattr(getattr(part, "node", None), "origins", ()) or (), key=lambda n: n.name):
+            target = getattr(origin, "target", None)
+            base = getattr(target, "_opname", None) or getattr(target, "__name__", None)
+            if origin.op == "call_function" and base and base not in ops:
+                ops.append(base)
+    if ops:
+        shown = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
+        return f"kernel[{shown}]"
     return type(snode).__name__
 
 

@@ -65,8 +65,8 @@ def reorder_scheduler_nodes(
     report.pass_time_s = time.perf_counter() - start
     record(report)
     log.info("fsdp_passes %s", report.one_line())
-    if options.debug_dir:
-        from ..debug import write_scheduler_dump
+    from ..debug import write_scheduler_dump
 
-        write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines)
+    # always: it also emits the tlparse artifacts and DEBUG move reasons; files only with a debug_dir
+    write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines)
     return [nodes[i] for i in order], report
