@@ -10,7 +10,7 @@ import torch
 import torch.fx as fx
 
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
-from .ops import as_int, classify, group_facts, op_base_name
+from .ops import as_int, classify, fill_collective, op_base_name
 
 
 class UnplannableGraph(ValueError):
@@ -106,8 +106,14 @@ def module_fqn(node: fx.Node) -> str | None:
     return None
 
 
-def _walk_pass_through(start: fx.Node, forward: bool) -> Iterable[fx.Node]:
-    """Nodes reachable from ``start`` through dtype casts and views (inputs if not forward, users if forward)."""
+#: an HSDP gradient goes reduce-scatter (shard group) -> wait -> all-reduce (replicate group) -> wait -> output
+_HSDP_THROUGH = frozenset({"all_reduce"})
+
+
+def _walk_pass_through(start: fx.Node, forward: bool, through: Iterable[str] = ()) -> Iterable[fx.Node]:
+    """Nodes reachable from ``start`` through dtype casts and views (inputs if not forward, users if forward),
+    and through the ops named in ``through``."""
+    passable = _PASS_THROUGH | {"wait_tensor"} | set(through)
     stack, seen = [start], {start}
     while stack:
         node = stack.pop()
@@ -116,7 +122,7 @@ def _walk_pass_through(start: fx.Node, forward: bool) -> Iterable[fx.Node]:
         for nxt in nexts:
             if nxt in seen:
                 continue
-            if nxt.op in ("placeholder", "output") or (nxt.op == "call_function" and _base(nxt) in _PASS_THROUGH | {"wait_tensor"}):
+            if nxt.op in ("placeholder", "output") or (nxt.op == "call_function" and _base(nxt) in passable):
                 seen.add(nxt)
                 stack.append(nxt)
 
@@ -132,9 +138,23 @@ def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | Non
                 return True, str(n.target)
         return False, None
     if collective is CollectiveOp.REDUCE_SCATTER:
-        for n in _walk_pass_through(node, forward=True):
+        # a gradient: reaches the output through casts / views, or (HSDP) through the replicate group's
+        # all-reduce of the reduced shard
+        for n in _walk_pass_through(node, forward=True, through=_HSDP_THROUGH):
             if n.op == "output":
                 return True, None
+        return False, None
+    if collective is CollectiveOp.ALL_REDUCE:
+        # HSDP: the all-reduce over the replicate group of a reduce-scattered gradient shard
+        source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+        if source is None:
+            return False, None
+        fed_by_rs = any(
+            n.op == "call_function" and _base(n) == "reduce_scatter_tensor"
+            for n in _walk_pass_through(source, forward=False, through={"reduce_scatter_tensor"})
+        )
+        if fed_by_rs and any(n.op == "output" for n in _walk_pass_through(node, forward=True)):
+            return True, None
         return False, None
     return False, None
 
@@ -174,7 +194,9 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
                        out_bytes=out_bytes, dtype=_dtype_of(value), origin=fx_node, module_fqn=module_fqn(fx_node))
         inputs = [a for a in fx_node.all_input_nodes]
         if kind is NodeKind.COLLECTIVE:
-            _fill_collective(node, fx_node, collective, in_bytes, out_bytes)
+            const_args = [a for a in fx_node.args[1:] if not isinstance(a, fx.Node)]
+            fill_collective(node, collective, const_args, in_bytes, out_bytes)
+            node.fsdp, node.param_fqn = _fsdp_like(fx_node, collective)
         elif kind is NodeKind.WAIT:
             producer = inputs[0] if inputs else None
             if producer in index and nodes[index[producer]].kind is NodeKind.COLLECTIVE:
@@ -232,26 +254,3 @@ def _vals(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _vals(v) for k, v in obj.items()}
     return obj
-
-
-def _fill_collective(node: DagNode, fx_node: fx.Node, collective: CollectiveOp, in_bytes: int, out_bytes: int) -> None:
-    args = list(fx_node.args)
-    group_name = None
-    group_size = None
-    if collective is CollectiveOp.ALL_GATHER and len(args) >= 3:
-        group_size, group_name = args[1], args[2]
-    elif collective is CollectiveOp.REDUCE_SCATTER and len(args) >= 4:
-        node.reduce_op, group_size, group_name = str(args[1]), args[2], args[3]
-    elif collective is CollectiveOp.ALL_REDUCE and len(args) >= 3:
-        node.reduce_op, group_name = str(args[1]), args[2]
-    else:
-        group_name = fx_node.kwargs.get("group_name", args[-1] if args and isinstance(args[-1], str) else None)
-    node.group_name = str(group_name) if group_name is not None else "?"
-    size, ranks = group_facts(node.group_name)
-    node.group_size = int(group_size) if isinstance(group_size, int) else size
-    node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
-    if collective is CollectiveOp.ALL_GATHER:
-        node.comm_bytes = out_bytes
-    else:
-        node.comm_bytes = in_bytes
-    node.fsdp, node.param_fqn = _fsdp_like(fx_node, collective)

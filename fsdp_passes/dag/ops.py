@@ -6,9 +6,9 @@ classification lives here once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from .graph import CollectiveOp, NodeKind
+from .graph import CollectiveOp, DagNode, NodeKind
 
 # Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
 # Inductor's collective kernels (python_kernel_name / op_overload names).
@@ -87,3 +87,26 @@ def as_int(value: Any) -> int:
     except ImportError:  # pragma: no cover - very old torch
         pass
     raise ValueError(f"size {value} has no hint (unbacked symbolic size)")
+
+
+def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], in_bytes: int, out_bytes: int) -> None:
+    """Group, reduce op and payload of a functional collective from its non-tensor arguments in schema
+    order (all_gather: group_size, group_name; reduce_scatter: reduce_op, group_size, group_name;
+    all_reduce: reduce_op, group_name; others: group_name last)."""
+    args = list(const_args)
+    group_name: Any = None
+    group_size: Any = None
+    if op is CollectiveOp.ALL_GATHER and len(args) >= 2:
+        group_size, group_name = args[0], args[1]
+    elif op is CollectiveOp.REDUCE_SCATTER and len(args) >= 3:
+        node.reduce_op, group_size, group_name = str(args[0]), args[1], args[2]
+    elif op is CollectiveOp.ALL_REDUCE and len(args) >= 2:
+        node.reduce_op, group_name = str(args[0]), args[1]
+    elif args and isinstance(args[-1], str):
+        group_name = args[-1]
+    node.group_name = str(group_name) if group_name is not None else "?"
+    size, ranks = group_facts(node.group_name)
+    node.group_size = int(group_size) if isinstance(group_size, int) else size
+    node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
+    # NCCL's convention: an all-gather moves its gathered output, the others their full input
+    node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes

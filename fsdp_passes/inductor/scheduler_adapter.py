@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
-from ..dag.ops import classify, group_facts
+from ..dag.ops import classify, fill_collective
 
 
 def _size_hint(expr: Any) -> int:
@@ -67,27 +67,6 @@ def _op_name(snode: Any) -> str:
     return type(snode).__name__
 
 
-def _collective_facts(node: DagNode, ir_node: Any, op: CollectiveOp) -> None:
-    args = list(getattr(ir_node, "constant_args", ()) or ())
-    group_name = None
-    group_size = None
-    if op is CollectiveOp.ALL_GATHER and len(args) >= 2:
-        group_size, group_name = args[0], args[1]
-    elif op is CollectiveOp.REDUCE_SCATTER and len(args) >= 3:
-        node.reduce_op, group_size, group_name = str(args[0]), args[1], args[2]
-    elif op is CollectiveOp.ALL_REDUCE and len(args) >= 2:
-        node.reduce_op, group_name = str(args[0]), args[1]
-    elif args and isinstance(args[-1], str):
-        group_name = args[-1]
-    node.group_name = str(group_name) if group_name is not None else "?"
-    size, ranks = group_facts(node.group_name)
-    node.group_size = int(group_size) if isinstance(group_size, int) else size
-    node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
-    inputs = [i for i in getattr(ir_node, "inputs", ()) if hasattr(i, "layout")]
-    in_bytes = sum(_layout_bytes(i) for i in inputs)
-    node.comm_bytes = node.out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
-
-
 def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | None = None) -> Dag:
     """One DagNode per scheduler node (fused nodes stay one node), in the given order."""
     from torch._inductor.utils import is_collective, is_wait
@@ -126,7 +105,9 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
                 deps.add(src)
         edges.extend((src, i) for src in sorted(deps))
         if kind is NodeKind.COLLECTIVE:
-            _collective_facts(node, ir_node, op)
+            inputs = [t for t in getattr(ir_node, "inputs", ()) if hasattr(t, "layout")]
+            fill_collective(node, op, getattr(ir_node, "constant_args", ()) or (),
+                            sum(_layout_bytes(t) for t in inputs), out_bytes)
         elif kind is NodeKind.WAIT:
             mutated = [m for b in buffers for m in b.get_mutations()]
             target = next((producer[m] for m in mutated if m in producer), None)

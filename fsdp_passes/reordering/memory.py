@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ..dag.graph import Dag
+from ..dag.graph import Dag, buffer_roots
 from .structure import Structure
 
 _INPUT_OPS = frozenset({"placeholder"})
@@ -33,7 +33,7 @@ class MemoryModel:
     def __init__(self, dag: Dag, s: Structure):
         nodes = dag.nodes
         n = s.n
-        root = _buffer_roots(dag)
+        root = buffer_roots(dag)
         alloc = [0] * n
         for i, node in enumerate(nodes):
             if node.alias_of is None and node.op not in _INPUT_OPS and node.out_bytes:
@@ -211,30 +211,6 @@ class HeadroomTree:
             lo >>= 1
             hi >>= 1
         return res
-
-
-def _buffer_roots(dag: Dag) -> list[int]:
-    """For every node, the node owning the buffer it produces (follows ``alias_of`` chains)."""
-    nodes = dag.nodes
-    n = len(nodes)
-    root = [-1] * n
-    for i in range(n):
-        if root[i] >= 0:
-            continue
-        chain: list[int] = []
-        j = i
-        while root[j] < 0 and nodes[j].alias_of is not None:
-            chain.append(j)
-            j = nodes[j].alias_of  # type: ignore[assignment]
-            if not 0 <= j < n:
-                raise ValueError(f"{nodes[chain[-1]].name} aliases node {j}, outside 0..{n - 1}")
-            if len(chain) > n:
-                raise ValueError(f"alias chain through {nodes[i].name} is a cycle")
-        r = root[j] if root[j] >= 0 else j
-        root[j] = r
-        for c in chain:
-            root[c] = r
-    return root
 
 
 __all__ = ["HeadroomTree", "MemoryModel", "MemoryTracker"]

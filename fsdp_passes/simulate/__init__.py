@@ -1,7 +1,8 @@
 """Timeline simulation of an order: one compute stream plus one FIFO stream per process group."""
 
 from .bounds import lower_bound
-from .memory import buffer_roots, memory_curve, peak_memory
+from ..dag.graph import buffer_roots
+from .memory import memory_curve, peak_memory
 from .timeline import Timeline, check_order, simulate
 from .trace import chrome_trace, write_chrome_trace
 

@@ -16,34 +16,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..dag.graph import Dag, NodeKind
+from ..dag.graph import Dag, NodeKind, buffer_roots
 
 _INPUT_OPS = frozenset({"placeholder"})
-
-
-def buffer_roots(dag: Dag) -> list[int]:
-    """For every node, the node that owns the buffer it produces (itself unless it aliases another)."""
-    nodes = dag.nodes
-    n = len(nodes)
-    root = [-1] * n
-    for i in range(n):
-        if root[i] >= 0:
-            continue
-        chain: list[int] = []
-        j = i
-        # walk the alias chain to an owner or to an already resolved node, then write back the whole chain
-        while root[j] < 0 and nodes[j].alias_of is not None:
-            chain.append(j)
-            j = nodes[j].alias_of  # type: ignore[assignment]
-            if not 0 <= j < n:
-                raise ValueError(f"{nodes[chain[-1]].name} aliases node {j}, outside 0..{n - 1}")
-            if len(chain) > n:
-                raise ValueError(f"alias chain through {nodes[i].name} is a cycle")
-        r = root[j] if root[j] >= 0 else j
-        root[j] = r
-        for c in chain:
-            root[c] = r
-    return root
 
 
 def wait_collectives(dag: Dag) -> list[int]:
