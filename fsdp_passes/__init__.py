@@ -84,6 +84,14 @@ def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> A
     return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
 
 
+def verify_rank_consistency(group: Any = None) -> None:
+    """Raise ``RuntimeError`` naming the first graph and collective where the ranks of ``group`` compiled
+    different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
+    from .debug.consistency import verify_rank_consistency as _verify
+
+    _verify(group)
+
+
 def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
     """Run the reordering pass on a captured scheduler node list; returns (new order, GraphReport)."""
     from .inductor.scheduler_pass import reorder_scheduler_nodes as _reorder
@@ -101,5 +109,6 @@ __all__ = [
     "is_enabled",
     "last_reports",
     "reorder_scheduler_nodes",
+    "verify_rank_consistency",
     "__version__",
 ]

@@ -63,6 +63,19 @@ def collective_fingerprint(dag: Dag, order: list[int] | None = None) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def collective_sequence(dag: Dag, order: list[int] | None = None) -> list[str]:
+    """The collectives of ``dag`` in issue order (``order``, default graph order), one ``"op group bytes dtype"``
+    string each: what ``collective_fingerprint`` hashes, readable (it names the collective where ranks differ)."""
+    order = list(range(len(dag))) if order is None else order
+    out = []
+    for i in order:
+        node = dag.nodes[i]
+        if node.kind is NodeKind.COLLECTIVE:
+            op = node.collective.value if node.collective else "?"
+            out.append(f"{op} {node.group_name or '?'} {node.comm_bytes} {node.dtype}")
+    return out
+
+
 _REPORTS: list[GraphReport] = []
 _MAX_REPORTS = 256
 
@@ -103,4 +116,5 @@ def fill_schedule_numbers(
     report.peak_memory_bytes_before = t_before.peak_memory
     report.peak_memory_bytes_after = t_after.peak_memory
     report.collective_fingerprint = collective_fingerprint(after[0], after[1])
+    report.extra["collective_sequence"] = collective_sequence(after[0], after[1])
     return t_before, t_after
