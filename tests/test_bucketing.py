@@ -188,6 +188,7 @@ def test_merged_collective_placement(mlp_graphs):
     # nothing but the copy-in sits between the last input and the collective
     between = order[max(order.index(x) for x in inputs) + 1 : order.index(coll.name)]
     assert all(n.startswith(("reshape", "cat", "view")) for n in between), between
+    assert coll.args[0].target is torch.ops.aten.view.default and coll.args[0].args[0].target is torch.ops.aten.cat.default
 
 
 # -- auto -------------------------------------------------------------------------------------------------------
@@ -253,7 +254,8 @@ def test_mixed_dtype_buckets(mixed_graphs):
                 cat = c.args[0]
                 assert cat.target is torch.ops.aten.cat.default
                 # the copy-in reads the bf16 casts of the fp32 shards: cast and copy fuse in one kernel
-                sources = [a.args[0] if a.target is torch.ops.aten.reshape.default else a for a in cat.args[0]]
+                flatten = (torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+                sources = [a.args[0] if a.target in flatten else a for a in cat.args[0]]
                 assert all(s.target is torch.ops.prims.convert_element_type.default for s in sources)
 
 

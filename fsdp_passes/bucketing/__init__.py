@@ -17,7 +17,7 @@ from ..dag.from_fx import dag_from_fx
 from ..dag.graph import Dag
 from ..options import Options
 from .auto import plan_auto
-from .manual import UnmatchedPlanEntry, expand_pattern, expand_plan, plan_manual
+from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
 from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
 
@@ -158,7 +158,7 @@ def bucket_graph(
     plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, baseline_peak=baseline_peak)
     if plan.unmatched_entries:
         warnings.warn(
-            f"fsdp_passes: bucket_plan entries {', '.join(map(repr, plan.unmatched_entries))} matched no "
+            f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
             f"bucketable collective of graph with {plan.n_collectives_before} collectives",
             stacklevel=2,
         )

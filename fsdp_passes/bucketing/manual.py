@@ -37,9 +37,15 @@ class UnmatchedPlanEntry(ValueError):
 
     def __init__(self, entries: list[str], detail: str = "") -> None:
         self.entries = entries
-        shown = ", ".join(repr(e) for e in entries)
+        shown = describe_entries(entries)
         super().__init__(f"bucket_plan entr{'y' if len(entries) == 1 else 'ies'} {shown} matched no bucketable "
                          f"collective of this graph{detail}")
+
+
+def describe_entries(entries: list[str], limit: int = 8) -> str:
+    """``'a', 'b', ... and 12 more`` for messages."""
+    shown = ", ".join(repr(e) for e in entries[:limit])
+    return shown + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
 
 
 def expand_pattern(pattern: str) -> list[str]:
@@ -87,6 +93,35 @@ def matches(fqn: str, pattern: str) -> bool:
     return False
 
 
+class _Matcher:
+    """First plan entry matching an FQN, in O(FQN depth + number of wildcard patterns) per lookup."""
+
+    def __init__(self, entries: list[tuple[str, list[str]]]) -> None:
+        self.exact: dict[str, int] = {}
+        self.wild: list[tuple[int, str]] = []
+        for k, (_, patterns) in enumerate(entries):
+            for p in patterns:
+                if any(ch in p for ch in "*?["):
+                    self.wild.append((k, p))
+                else:
+                    self.exact.setdefault(p, k)
+
+    def __call__(self, fqn: str) -> int | None:
+        best = None
+        parts = fqn.split(".")
+        for i in range(1, len(parts) + 1):  # fqn itself and every dotted prefix of it
+            k = self.exact.get(".".join(parts[:i]))
+            if k is not None and (best is None or k < best):
+                best = k
+        for k, p in self.wild:
+            if best is not None and k >= best:
+                break
+            if matches(fqn, p):
+                best = k
+                break
+        return best
+
+
 def collective_fqn(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> str | None:
     """The FQN a plan pattern is matched against: the parameter's when known, else the module's."""
     name = param_name(node)
@@ -112,6 +147,7 @@ def plan_manual(
     matches stay alone, with the reason in ``unbucketed``.
     """
     entries = expand_plan(bucket_plan)
+    match = _Matcher(entries)
     collectives = dag.collectives()
     unbucketed: dict[int, str] = {}
     claimed: list[list[int]] = [[] for _ in entries]
@@ -124,12 +160,11 @@ def plan_manual(
         if fqn is None:
             unbucketed[c] = "no parameter or module FQN recorded on the node: no plan entry can match it"
             continue
-        for k, (_, patterns) in enumerate(entries):
-            if any(matches(fqn, p) for p in patterns):
-                claimed[k].append(c)
-                break
-        else:
+        k = match(fqn)
+        if k is None:
             unbucketed[c] = f"{fqn}: not matched by any bucket_plan entry"
+        else:
+            claimed[k].append(c)
 
     missing = [label for (label, _), members in zip(entries, claimed) if not members]
     if missing and strict:

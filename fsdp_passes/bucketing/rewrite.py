@@ -5,15 +5,15 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
     flat  = cat([reshape(s_i, [-1]) ...])                 # one copy-in; casts feeding s_i fuse into it
     out   = wait_tensor(all_gather_into_tensor(flat, n, group))
     full  = view(out, [n, total])                          # row r = rank r's flat input
-    p_i   = reshape(slice(full, 1, off_i, off_i + numel_i), full_shape_i)
+    p_i   = reshape(split_with_sizes(full, numels, 1)[i], full_shape_i)   # rank-major, like dim-0 gathering
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
     flat  = view(cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])
     out   = wait_tensor(reduce_scatter_tensor(flat, op, n, group))
-    r_i   = view(slice(out, 0, off_i, off_i + numel_i / n), shard_shape_i)
+    r_i   = view(split_with_sizes(out, [numel_i / n ...])[i], shard_shape_i)
 
-All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, slices viewed back.
+All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, pieces viewed back.
 
 Every element travels the same way as in the unbucketed graph (same ranks, same reduction), so results are
 bitwise equal.  Members' payloads are laid out in their original graph order.
@@ -27,11 +27,13 @@ puts every node in place (O((V + E) log V)), keeping the original order wherever
 from __future__ import annotations
 
 import heapq
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
+from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
 from ..dag.graph import CollectiveOp, Dag
 from .plan import Bucket, bucket_key, bucketability, plan_cycles
@@ -55,14 +57,16 @@ class RewriteStats:
 
 
 def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[Bucket], *,
-                  earliest: bool = False) -> RewriteStats:
+                  earliest: bool = False, bound_reduce_waits: bool = True) -> RewriteStats:
     """Merge each bucket of ``buckets`` (DAG ids of ``dag``, built from ``graph``) into one collective.
 
     The merged collective is issued right after the last of its inputs, but (unless ``earliest``) not before
     the place of its first member in the original graph: gathers of graph inputs are not all pulled to the
     start of the graph, which would keep every gathered parameter alive at once; prefetching is the
     reordering pass's decision, under its memory budget.  Its wait goes right before the first consumer of any
-    member.
+    member; for reduce-scatters and all-reduces (whose first consumer is often the graph output) no later than
+    the next collective of the same process group (``bound_reduce_waits``), since a collective's input, the
+    full-size concatenated gradients, stays allocated until its wait.
 
     Single-member buckets are left as they are.  Raises ``ValueError`` (naming the bucket / node) before
     touching the graph if a bucket is inconsistent or the merge would create a dependency cycle.
@@ -85,6 +89,8 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
             member_bucket[c] = k
             member_bucket[next(iter(c.users))] = k
 
+    em = _Emitter(g, _fake_mode(dag.nodes[multi[0].members[0]].origin))
+    reduce_waits: dict[fx.Node, Any] = {}  # merged reduce-scatter / all-reduce wait -> its group argument
     # erased member node -> (node standing in for it as a dependency source, as a dependency target)
     stand_in: dict[fx.Node, tuple[fx.Node, fx.Node]] = {}
 
@@ -106,11 +112,11 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
         made: list[fx.Node] = []
         with g.inserting_before(first_use):
             if b.op is CollectiveOp.ALL_GATHER:
-                outs = _emit_all_gather(g, colls, waits, inputs, made)
+                outs = _emit_all_gather(em, colls, waits, inputs, made)
             elif b.op is CollectiveOp.REDUCE_SCATTER:
-                outs = _emit_reduce_scatter(g, colls, waits, inputs, made)
+                outs = _emit_reduce_scatter(em, colls, waits, inputs, made)
             else:
-                outs = _emit_all_reduce(g, colls, waits, inputs, made)
+                outs = _emit_all_reduce(em, colls, waits, inputs, made)
         # made = copy-in nodes..., collective, wait, recovery nodes...
         coll_idx = next(i for i, n in enumerate(made) if n.meta.get("_fsdp_role") == "collective")
         for j, n in enumerate(made):
@@ -121,14 +127,19 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
             positions[n] = prio[n][0]  # a later bucket may consume these: place them at their anchor
             n.meta.pop("_fsdp_role", None)
         new_coll, new_wait = made[coll_idx], made[coll_idx + 1]
+        if b.op is not CollectiveOp.ALL_GATHER:
+            reduce_waits[new_wait] = _group_arg(new_coll)
         tag = {"members": [c.name for c in colls], "params": list(b.params), "label": b.label}
         new_coll.meta[BUCKET_META_KEY] = tag
         new_wait.meta[BUCKET_META_KEY] = tag
         copy_in = made[coll_idx - 1] if coll_idx > 0 else new_coll
+        first_reader: dict[fx.Node, fx.Node] = {}
+        for u in made[:coll_idx]:
+            for a in u.all_input_nodes:
+                first_reader.setdefault(a, u)
         for c, w, out in zip(colls, waits, outs):
             w.replace_all_uses_with(out)
-            first_reader = next((u for u in made if c.args[0] in u.all_input_nodes), copy_in)
-            stand_in[c] = (copy_in, first_reader)
+            stand_in[c] = (copy_in, first_reader.get(c.args[0], copy_in))
             stand_in[w] = (out, out)
         for c, w in zip(colls, waits):
             g.erase_node(w)
@@ -140,6 +151,8 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
 
     extra = _ordering_edges(dag, stand_in)
     _stable_sort(g, prio, extra)
+    if bound_reduce_waits:
+        _bound_reduce_waits(g, reduce_waits)
     g.lint()
     if gm is not None:
         gm.recompile()
@@ -266,105 +279,194 @@ def _stable_sort(g: fx.Graph, prio: dict, extra: dict) -> None:
         prev = n
 
 
+def _fake_mode(node: fx.Node) -> Any:
+    """The FakeTensorMode of the graph's values (None for real / meta tensors: ops then run on them directly)."""
+    from torch._guards import detect_fake_mode
+
+    vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+
+
+def _group_arg(coll: fx.Node) -> Any:
+    """The process-group argument of a functional collective (a name, or a node in compile-on-one-rank graphs)."""
+    return coll.args[-1]
+
+
+def _is_collective(n: fx.Node) -> bool:
+    from ..dag.from_fx import op_name
+    from ..dag.graph import NodeKind
+    from ..dag.ops import classify
+
+    return n.op == "call_function" and classify(op_name(n))[0] is NodeKind.COLLECTIVE
+
+
+def _bound_reduce_waits(g: fx.Graph, reduce_waits: dict[fx.Node, Any]) -> None:
+    """Move each merged reduce-scatter / all-reduce wait before the next collective of its group, if later."""
+    if not reduce_waits:
+        return
+    pending: dict[Any, list[fx.Node]] = {}
+    wait_of = {w.args[0]: w for w in reduce_waits}
+    for n in list(g.nodes):
+        if n in reduce_waits:
+            group = reduce_waits[n]
+            if n in pending.get(group, ()):
+                pending[group].remove(n)
+            continue
+        if not _is_collective(n):
+            continue
+        group = _group_arg(n)
+        for w in pending.pop(group, []):
+            n.prepend(w)  # its only input, the collective, is earlier; its users are all later
+        if n in wait_of:
+            pending.setdefault(group, []).append(wait_of[n])
+
+
 # -- emitting nodes ---------------------------------------------------------------------------------------------
 
 def _val(n: Any) -> Any:
-    return n.meta["val"] if isinstance(n, fx.Node) else n
+    if isinstance(n, fx.Node):
+        return n.meta["val"]
+    if isinstance(n, (list, tuple)):
+        return type(n)(_val(x) for x in n)
+    return n
 
 
-def _call(g: fx.Graph, target: Any, args: tuple, made: list, like: fx.Node, *, role: str = "",
-          custom: bool = False) -> fx.Node:
-    """A new call_function node with ``meta['val']`` computed by running ``target`` on the inputs' values."""
-    node = g.call_function(target, args)
-    vals = fx.node.map_arg(args, _val)
-    from torch._guards import detect_fake_mode
+class _Emitter:
+    """Creates nodes with ``meta['val']`` computed by running the op on the inputs' fake values."""
 
-    flat = [v for v in torch.utils._pytree.tree_leaves(vals) if isinstance(v, torch.Tensor)]
-    mode = detect_fake_mode(flat)
-    if mode is not None:
-        with mode:
+    def __init__(self, g: fx.Graph, mode: Any) -> None:
+        self.g = g
+        self.mode = mode
+
+    def call(self, target: Any, args: tuple, made: list, like: fx.Node, *, role: str = "",
+             custom: bool = False) -> fx.Node:
+        node = self.g.call_function(target, args)
+        vals = tuple(_val(a) for a in args)
+        if self.mode is not None:
+            with self.mode:
+                val = target(*vals)
+        else:
             val = target(*vals)
-    else:
-        val = target(*vals)
-    node.meta["val"] = val
-    try:
-        from torch.fx.passes.shape_prop import _extract_tensor_metadata
+        self._finish(node, val, made, like, role, custom)
+        return node
 
-        node.meta["tensor_meta"] = _extract_tensor_metadata(val)
-    except Exception:  # tensor_meta is informative; meta['val'] is what lowering reads
-        pass
-    for key in _COPIED_META:
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
-    if custom and "custom" in like.meta:
-        node.meta["custom"] = like.meta["custom"]
-    if role:
-        node.meta["_fsdp_role"] = role
-    made.append(node)
-    return node
+    def fresh(self, target: Any, args: tuple, shape: Sequence[int], like_val: torch.Tensor, made: list,
+              like: fx.Node, *, role: str = "", custom: bool = False) -> fx.Node:
+        """A node whose output is a new contiguous buffer of ``shape`` (dtype / device of ``like_val``): its
+        value is made directly instead of by running the op (a FakeTensor dispatch costs ~5x more)."""
+        node = self.g.call_function(target, args)
+        shape = [int(d) for d in shape]
+        stride, acc = [0] * len(shape), 1
+        for d in range(len(shape) - 1, -1, -1):
+            stride[d] = acc
+            acc *= max(shape[d], 1)
+        if self.mode is not None:
+            with self.mode:
+                val = torch.empty_strided(shape, stride, dtype=like_val.dtype, device=like_val.device)
+        else:
+            val = torch.empty_strided(shape, stride, dtype=like_val.dtype, device=like_val.device)
+        self._finish(node, val, made, like, role, custom)
+        return node
+
+    def getitem(self, src: fx.Node, i: int, made: list, like: fx.Node) -> fx.Node:
+        node = self.g.call_function(operator.getitem, (src, i))
+        self._finish(node, src.meta["val"][i], made, like, "", True)
+        return node
+
+    @staticmethod
+    def _finish(node: fx.Node, val: Any, made: list, like: fx.Node, role: str, custom: bool) -> None:
+        node.meta["val"] = val
+        if isinstance(val, torch.Tensor):
+            node.meta["tensor_meta"] = _extract_tensor_metadata(val)
+        for key in _COPIED_META:
+            if key in like.meta:
+                node.meta[key] = like.meta[key]
+        if custom and "custom" in like.meta:
+            node.meta["custom"] = like.meta["custom"]
+        if role:
+            node.meta["_fsdp_role"] = role
+        made.append(node)
 
 
 def _numel(n: fx.Node) -> int:
     return int(n.meta["val"].numel())
 
 
-def _flat(g: fx.Graph, x: fx.Node, made: list, like: fx.Node) -> fx.Node:
+def _flat(em: _Emitter, x: fx.Node, made: list, like: fx.Node) -> fx.Node:
     v = x.meta["val"]
     if v.dim() == 1:
         return x
-    return _call(g, aten.reshape.default, (x, [-1]), made, like)
+    return em.call(aten.view.default if v.is_contiguous() else aten.reshape.default, (x, [-1]), made, like)
 
 
-def _emit_all_gather(g, colls, waits, inputs, made) -> list[fx.Node]:
+def _wait(em: _Emitter, coll: fx.Node, made: list, like: fx.Node) -> fx.Node:
+    # as in graphs Inductor builds, the wait's value is a tensor of its own (same shape), not an alias
+    v = coll.meta["val"]
+    return em.fresh(c10d.wait_tensor.default, (coll,), list(v.shape), v, made, like)
+
+
+def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, group_size, group_name = colls[0].args[:3]
+    n = int(group_size)
     like = colls[0]
-    flats = [_flat(g, x, made, c) for x, c in zip(inputs, colls)]
-    cat = _call(g, aten.cat.default, (flats,), made, like)
-    coll = _call(g, c10d.all_gather_into_tensor.default, (cat, group_size, group_name), made, like, role="collective")
-    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
-    total = _numel(cat)
-    rows = _call(g, aten.view.default, (wait, [int(group_size), total]), made, like)
-    outs, off = [], 0
-    for x, w in zip(inputs, waits):
-        k = _numel(x)
-        part = _call(g, aten.slice.Tensor, (rows, 1, off, off + k), made, w, custom=True)
-        outs.append(_call(g, aten.reshape.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
-        off += k
+    v0 = inputs[0].meta["val"]
+    flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]
+    sizes = [_numel(x) for x in inputs]
+    total = sum(sizes)
+    cat = em.fresh(aten.cat.default, (flats,), [total], v0, made, like)
+    coll = em.fresh(c10d.all_gather_into_tensor.default, (cat, group_size, group_name), [n * total], v0, made, like,
+                    role="collective")
+    wait = _wait(em, coll, made, like)
+    rows = em.call(aten.view.default, (wait, [n, total]), made, like)
+    parts = em.call(aten.split_with_sizes.default, (rows, sizes, 1), made, like)
+    outs = []
+    for i, (w, k) in enumerate(zip(waits, sizes)):
+        part = em.getitem(parts, i, made, w)
+        shape = list(w.meta["val"].shape)
+        if n > 1 and k != total:  # [n, k] columns of [n, total]: not viewable as the full shape, reshape copies
+            outs.append(em.fresh(aten.reshape.default, (part, shape), shape, v0, made, w, custom=True))
+        else:
+            outs.append(em.call(aten.reshape.default, (part, shape), made, w, custom=True))
     return outs
 
 
-def _emit_reduce_scatter(g, colls, waits, inputs, made) -> list[fx.Node]:
+def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, reduce_op, group_size, group_name = colls[0].args[:4]
     n = int(group_size)
     like = colls[0]
-    parts = [_call(g, aten.reshape.default, (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
-    cat = _call(g, aten.cat.default, (parts, 1), made, like)
-    flat = _call(g, aten.view.default, (cat, [-1]), made, like)
-    coll = _call(g, c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), made, like,
-                 role="collective")
-    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
-    outs, off = [], 0
-    for x, w in zip(inputs, waits):
-        k = _numel(x) // n
-        part = _call(g, aten.slice.Tensor, (wait, 0, off, off + k), made, w, custom=True)
-        outs.append(_call(g, aten.view.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
-        off += k
-    return outs
+    v0 = inputs[0].meta["val"]
+    rows = [em.call(aten.view.default if x.meta["val"].is_contiguous() else aten.reshape.default,
+                    (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
+    sizes = [_numel(x) // n for x in inputs]
+    total = sum(sizes)
+    cat = em.fresh(aten.cat.default, (rows, 1), [n, total], v0, made, like)
+    flat = em.call(aten.view.default, (cat, [-1]), made, like)
+    coll = em.fresh(c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), [total], v0, made,
+                    like, role="collective")
+    wait = _wait(em, coll, made, like)
+    return _split_back(em, wait, sizes, waits, made, like)
 
 
-def _emit_all_reduce(g, colls, waits, inputs, made) -> list[fx.Node]:
+def _emit_all_reduce(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, reduce_op, group_name = colls[0].args[:3]
     like = colls[0]
-    flats = [_flat(g, x, made, c) for x, c in zip(inputs, colls)]
-    cat = _call(g, aten.cat.default, (flats,), made, like)
-    coll = _call(g, c10d.all_reduce.default, (cat, reduce_op, group_name), made, like, role="collective")
-    wait = _call(g, c10d.wait_tensor.default, (coll,), made, like)
-    outs, off = [], 0
-    for x, w in zip(inputs, waits):
-        k = _numel(x)
-        part = _call(g, aten.slice.Tensor, (wait, 0, off, off + k), made, w, custom=True)
-        outs.append(_call(g, aten.view.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
-        off += k
+    v0 = inputs[0].meta["val"]
+    flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]
+    sizes = [_numel(x) for x in inputs]
+    cat = em.fresh(aten.cat.default, (flats,), [sum(sizes)], v0, made, like)
+    coll = em.fresh(c10d.all_reduce.default, (cat, reduce_op, group_name), [sum(sizes)], v0, made, like,
+                    role="collective")
+    wait = _wait(em, coll, made, like)
+    return _split_back(em, wait, sizes, waits, made, like)
+
+
+def _split_back(em: _Emitter, flat: fx.Node, sizes: list[int], waits, made, like) -> list[fx.Node]:
+    """Contiguous 1-D pieces of ``flat`` viewed as each member's output shape."""
+    parts = em.call(aten.split_with_sizes.default, (flat, sizes), made, like)
+    outs = []
+    for i, w in enumerate(waits):
+        part = em.getitem(parts, i, made, w)
+        outs.append(em.call(aten.view.default, (part, list(w.meta["val"].shape)), made, w, custom=True))
     return outs
 
 
