@@ -208,12 +208,15 @@ def test_auto_reduces_count_and_respects_cap_and_budget(mlp_graphs):
         assert any(b.close_reason == "size_cap" for b in rc.buckets)
         assert rc.n_collectives_after > r.n_collectives_after
 
-        budget = 6000
-        tight = _copy(original)
-        rm = bucket_graph(tight, Options(bucketing="auto", memory_budget=budget))
-        assert all(b.extra_bytes <= budget for b in rm.buckets)
-        assert any(b.close_reason == "memory" for b in rm.buckets)
-        assert rm.n_collectives_after > r.n_collectives_after
+        for budget in (6000, 20000):
+            tight = _copy(original)
+            rm = bucket_graph(tight, Options(bucketing="auto", memory_budget=budget))
+            assert all(b.extra_bytes <= budget for b in rm.buckets)
+            assert any(b.close_reason == "memory" for b in rm.buckets)
+            assert rm.n_collectives_after > r.n_collectives_after
+            # the rewritten graph's simulated peak grows by at most the budget
+            assert rm.report.peak_memory_bytes_after - rm.report.peak_memory_bytes_before <= budget
+            assert len(_collectives(tight)) == rm.n_collectives_after
 
         nothing = _copy(original)
         r0 = bucket_graph(nothing, Options(bucketing="auto", memory_budget=0))

@@ -96,8 +96,13 @@ def plan_bucketing(
     *,
     param_fqns: Mapping[str, str] | None = None,
     baseline_peak: int | None = None,
+    budget_scale: float = 1.0,
 ) -> BucketPlanResult:
-    """The plan ``options`` ask for, made acyclic (a bucket that would close a cycle is split)."""
+    """The plan ``options`` ask for, made acyclic (a bucket that would close a cycle is split).
+
+    budget_scale: the auto planner plans against ``memory_budget * budget_scale`` (``bucket_graph`` lowers it
+    when the simulated result overshoots the budget).
+    """
     mode = options.bucketing
     if mode == "none":
         from ..dag.graph import NodeKind
@@ -119,7 +124,7 @@ def plan_bucketing(
             from ..simulate.memory import peak_memory
 
             baseline_peak = peak_memory(dag, list(range(len(dag.nodes))))
-        budget = options.memory_budget_bytes(baseline_peak)
+        budget = int(options.memory_budget_bytes(baseline_peak) * budget_scale)
         plan = plan_auto(dag, durations, cost_model, bucket_cap_mb=options.bucket_cap_mb,
                          memory_budget_bytes=budget, bucket_non_fsdp=options.bucket_non_fsdp)
     else:
@@ -155,7 +160,10 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
-    plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, baseline_peak=baseline_peak)
+    if options.bucketing == "auto":
+        plan, after = _plan_auto_within_budget(g, dag, options, cost_model, baseline_peak)
+    else:
+        plan, after = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns), None
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
@@ -173,19 +181,78 @@ def bucket_graph(
         collectives=list(stats.collectives),
         rewrite=stats,
     )
-    result.report = _report(result, dag, g, options, cost_model, graph_name)
+    result.report = _report(result, dag, g, options, cost_model, graph_name, after)
     return result
 
 
+def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any,
+                             baseline_peak: int | None, max_rounds: int = 4) -> tuple[BucketPlanResult, Dag | None]:
+    """Auto plan whose rewritten graph stays within the memory budget on the simulator's memory model.
+
+    The planner's per-bucket memory estimate ignores buckets live at the same time (a gradient bucket while
+    re-gathered parameters are held), so the plan is applied to a scratch copy of the graph, its peak
+    simulated, and the plan redone with a proportionally smaller budget while it overshoots.  Returns the plan
+    and the DAG of the rewritten copy (equal to what the real rewrite gives).
+    """
+    from ..simulate.memory import peak_memory
+
+    base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
+    budget = options.memory_budget_bytes(base_peak)
+    scale = 1.0
+    plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak)
+    for _ in range(max_rounds):
+        if not any(len(b) > 1 for b in plan.buckets):
+            return plan, None
+        trial, trial_dag = _scratch_copy(g, dag)
+        apply_buckets(trial, trial_dag, plan.buckets)
+        after = dag_from_fx(trial)
+        increase = peak_memory(after, list(range(len(after)))) - base_peak
+        if increase <= budget:
+            return plan, after
+        scale *= max(0.0, budget / increase) * 0.9
+        plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak, budget_scale=scale)
+    if any(len(b) > 1 for b in plan.buckets):  # still over after the last round: do not merge at all
+        for b in plan.buckets:
+            if len(b) > 1:
+                b.close_reason = "memory"
+        plan.buckets = [
+            _single(dag, m, b.label) for b in plan.buckets for m in b.members
+        ]
+    return plan, None
+
+
+def _single(dag: Dag, m: int, label: str) -> Bucket:
+    from .plan import make_bucket
+
+    return make_bucket(dag, [m], close_reason="memory", label=label)
+
+
+def _scratch_copy(g: fx.Graph, dag: Dag) -> tuple[fx.Graph, Dag]:
+    """A copy of ``g`` and of ``dag`` pointing at the copy's nodes (same ids)."""
+    import copy as _copy
+
+    new = fx.Graph()
+    val_map: dict[fx.Node, fx.Node] = {}
+    out = new.graph_copy(g, val_map)
+    new.output(out)
+    nodes = []
+    for node in dag.nodes:
+        c = _copy.copy(node)
+        c.origin = val_map.get(node.origin, node.origin)
+        nodes.append(c)
+    return new, Dag(nodes, dag.edges())
+
+
 def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,
-            graph_name: str) -> Any:
+            graph_name: str, after: Dag | None = None) -> Any:
     """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
     from ..report import GraphReport, collective_fingerprint, fill_schedule_numbers
 
     report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
                          n_collectives_after=result.n_collectives_after, options=options.to_json())
     report.extra["bucketing"] = result.to_json()
-    after = dag_from_fx(g) if result.merged else before
+    if after is None:
+        after = dag_from_fx(g) if result.merged else before
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         fill_schedule_numbers(

@@ -160,8 +160,9 @@ class _Open:
         if len(self.members) + (add is not None) < 2:
             return 0
         if op is CollectiveOp.ALL_GATHER:
-            # gathered members needed later than the first one are alive from the merged wait on; plus copy-in
-            return total - at_min + total // max(group_size, 1)
+            # gathered members needed later than the first one are alive from the merged wait on; the merged
+            # output lives next to the members' copies while they are made; plus the copy-in
+            return (total - at_min) + total + total // max(group_size, 1)
         # inputs ready early are held until the merged collective is issued; plus the concatenated copy-in
         return total - at_max + total
 
