@@ -93,10 +93,18 @@ def verify_rank_consistency(group: Any = None) -> None:
 
 
 def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
-    """Run the reordering pass on a captured scheduler node list; returns (new order, GraphReport)."""
+    """Run the reordering pass on scheduler nodes; returns (new order, GraphReport).
+
+    ``nodes`` is a node list or a ``fsdp_passes.testing.SchedulerCapture`` (its ``before`` list is used,
+    inside the captured graph's context so sizes and FLOPs resolve exactly as during the compile).
+    """
     from .inductor.scheduler_pass import reorder_scheduler_nodes as _reorder
 
-    return _reorder(nodes, options or Options(**_checked_kwargs(kwargs)))
+    options = options or Options(**_checked_kwargs(kwargs))
+    if hasattr(nodes, "graph_context") and hasattr(nodes, "before"):
+        with nodes.graph_context():
+            return _reorder(nodes.before, options, graph_name=nodes.graph_name)
+    return _reorder(nodes, options)
 
 
 __all__ = [

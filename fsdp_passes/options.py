@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
 BUCKETING_MODES = ("auto", "manual", "none")

@@ -212,7 +212,8 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             try:
                 from ..cost_model.flops import aten_flops
 
-                node.flops = aten_flops(fx_node.target, _vals(fx_node.args), _vals(fx_node.kwargs), value)
+                node.flops = aten_flops(fx_node.target, size_hinted(fx_values(fx_node.args)),
+                                        size_hinted(fx_values(fx_node.kwargs)), size_hinted(value))
             except Exception:  # FLOPs are an estimate input; a node torch cannot count costs bytes only
                 node.flops = 0.0
         for arg in inputs:
@@ -246,11 +247,29 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     return Dag(nodes, edges)
 
 
-def _vals(obj: Any) -> Any:
+def size_hinted(obj: Any) -> Any:
+    """``obj`` with symbolic sizes replaced by their hints: tensors with a symbolic shape become meta tensors
+    of the hinted shape, SymInts ints.  Counting FLOPs on these adds no guard to the compiled graph (on the
+    symbolic values it would specialise dynamic dimensions).  Unbacked sizes raise ``ValueError``."""
+    if isinstance(obj, torch.SymInt):
+        return as_int(obj)
+    if isinstance(obj, torch.Tensor):
+        if all(isinstance(d, int) for d in obj.shape):
+            return obj
+        return torch.empty([as_int(d) for d in obj.shape], dtype=obj.dtype, device="meta")
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(size_hinted(o) for o in obj)
+    if isinstance(obj, dict):
+        return {k: size_hinted(v) for k, v in obj.items()}
+    return obj
+
+
+def fx_values(obj: Any) -> Any:
+    """``obj`` with every FX node replaced by its ``meta['val']`` (fake tensor), recursively."""
     if isinstance(obj, fx.Node):
         return obj.meta.get("val")
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_vals(o) for o in obj)
+        return type(obj)(fx_values(o) for o in obj)
     if isinstance(obj, dict):
-        return {k: _vals(v) for k, v in obj.items()}
+        return {k: fx_values(v) for k, v in obj.items()}
     return obj

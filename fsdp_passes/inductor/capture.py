@@ -70,6 +70,15 @@ class SchedulerCapture:
     graph_name: str
     before: list[Any]
     after: list[Any]
+    graph_lowering: Any = None
+
+    def graph_context(self) -> Any:
+        """A context in which the nodes' sizes resolve as during the compile (re-enters Inductor's graph)."""
+        from torch._inductor.virtualized import V
+
+        if self.graph_lowering is None:
+            return contextlib.nullcontext()
+        return V.set_graph_handler(self.graph_lowering)
 
     @property
     def before_names(self) -> list[str]:
@@ -97,6 +106,13 @@ class _Session:
         self._counts[kind] = n + 1
         self.current = kind if n == 0 else f"{kind}_{n}"
         self._pending_before = None
+
+
+def _current_graph_lowering() -> Any:
+    from torch._inductor.virtualized import V
+
+    graph = V.graph
+    return graph if hasattr(graph, "sizevars") else None  # V.graph is a NullHandler outside a lowering
 
 
 def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
@@ -197,7 +213,8 @@ def _capture_config(session: _Session, *, post_grad: bool, scheduler: bool) -> I
 
         def record_after_and_stop(nodes: list[Any]) -> list[Any]:
             session.sched.append(
-                SchedulerCapture(session.current or "graph", session._pending_before or [], list(nodes))
+                SchedulerCapture(session.current or "graph", session._pending_before or [], list(nodes),
+                                 graph_lowering=_current_graph_lowering())
             )
             raise _StopCompile()
 

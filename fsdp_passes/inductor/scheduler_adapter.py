@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..dag.from_fx import UnplannableGraph
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
 from ..dag.ops import classify, fill_collective
 
@@ -22,6 +23,11 @@ def _size_hint(expr: Any) -> int:
         return expr
     if getattr(expr, "is_number", False):  # a sympy constant: no graph needed
         return int(expr)
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    if free_unbacked_symbols(expr):
+        # a data-dependent size: any number would be a guess, and a memory budget over guesses means nothing
+        raise UnplannableGraph(f"size {expr} is unbacked (data-dependent)")
     from torch._inductor.virtualized import V
 
     return int(V.graph.sizevars.optimization_hint(expr, fallback=0))
@@ -65,6 +71,24 @@ def _op_name(snode: Any) -> str:
         shown = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
         return f"kernel[{shown}]"
     return type(snode).__name__
+
+
+def _flops(snode: Any) -> float:
+    """Inductor's FLOP count of the node; outside a graph lowering, ours from its origin FX node."""
+    try:
+        return float(snode.estimate_flops() or 0)
+    except Exception:  # needs V.graph to resolve symbolic counts
+        pass
+    try:
+        from ..cost_model.flops import aten_flops
+        from ..dag.from_fx import fx_values
+
+        origin = snode.node.get_origin_node()
+        if origin is None:
+            return 0.0
+        return float(aten_flops(origin.target, fx_values(origin.args), fx_values(origin.kwargs), origin.meta.get("val")))
+    except Exception:  # flop counting is best effort; bytes still give a roofline estimate
+        return 0.0
 
 
 def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | None = None) -> Dag:
@@ -116,10 +140,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
                 node.alias_of = target
                 node.group_name = nodes[target].group_name
         else:
-            try:
-                node.flops = float(snode.estimate_flops() or 0)
-            except Exception:  # flop counting is best effort; bytes still give a roofline estimate
-                node.flops = 0.0
+            node.flops = _flops(snode)
             try:
                 total = int(snode.get_read_write_buffers_sizes())
             except Exception:
