@@ -30,6 +30,7 @@ only on the DAG and the durations.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from typing import Optional
 
@@ -40,6 +41,13 @@ from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
 #: how many ready compute nodes are tried, per step, when pulling one ahead of a blocked frontier
 PULL_TRIES = 4
 
+#: most unscheduled compute ancestors ("feeders") a collective may have for them to be hoisted so that it can
+#: be prefetched; the ancestor search stops as soon as it would exceed this many nodes
+MAX_FEEDERS = 64
+
+#: how many earlier collectives of its group are looked at for the one-ahead horizon of a hoist
+HORIZON_LOOKBACK = 8
+
 
 class InternalError(RuntimeError):
     """The scheduler reached a state its invariants exclude (reported, and the original order is kept)."""
@@ -48,9 +56,9 @@ class InternalError(RuntimeError):
 class ScheduleOutcome:
     """What one scheduling pass produced (internal; ``plan_order`` turns it into a ``ReorderResult``)."""
 
-    __slots__ = ("order", "peak", "exposed", "makespan", "why", "gate", "pulled", "cap_exceeded")
+    __slots__ = ("order", "peak", "exposed", "makespan", "why", "gate", "pulled", "cap_exceeded", "hoisted")
 
-    def __init__(self, order, peak, exposed, makespan, why, gate, pulled, cap_exceeded):
+    def __init__(self, order, peak, exposed, makespan, why, gate, pulled, cap_exceeded, hoisted=0):
         self.order: list[int] = order
         self.peak: int = peak
         self.exposed: float = exposed
@@ -59,6 +67,7 @@ class ScheduleOutcome:
         self.gate: list[str] = gate  # per collective: the last thing that held it back
         self.pulled: int = pulled
         self.cap_exceeded: int = cap_exceeded
+        self.hoisted: int = hoisted  # compute nodes run early because they feed a prefetched collective
 
 
 class ListScheduler:
@@ -109,7 +118,12 @@ class ListScheduler:
         self.why = [""] * n
         self.gate = [""] * n
         self.pulled = 0
+        self.hoisted = 0
         self.cap_exceeded = 0
+        # feeder search cache, per collective: the unscheduled compute ancestors found by the last search
+        # (None: the search failed); the search is redone only once ``feeder_retry[c]`` says it may succeed
+        self.feeders: dict[int, Optional[list[int]]] = {}
+        self.feeder_retry: dict[int, tuple[int, int]] = {}  # c -> (node that blocked it or -1, order length)
         self.due_ptr = 0
         self.fence_ptr = 0
         self.front_ptr = 0
@@ -396,7 +410,7 @@ class ListScheduler:
             if scheduled[x]:
                 continue
             a = self.alloc[x]
-            if t + self.dur[x] > gap_end:
+            if t + self.dur[x] > gap_end or self._delays_non_fsdp(f, x):
                 rejected.append(x)
                 continue
             if a == 0 or (self.mem.live + a <= limit and self.tree.max(lo, x) + a <= limit):  # type: ignore
@@ -409,6 +423,19 @@ class ListScheduler:
         for x in rejected:
             heapq.heappush(clear, x)
         return chosen
+
+    def _delays_non_fsdp(self, f: int, x: int) -> bool:
+        """Would running compute node ``x`` now put it before a not-yet-issued collective that is not
+        FSDP-like (TP, EP, barrier-like) and came before ``x`` originally?  Such collectives keep their
+        position relative to compute: pulling ``x`` ahead of them would issue them one compute node later."""
+        ids = self.s.non_fsdp_collectives
+        if not ids:
+            return False
+        scheduled = self.scheduled
+        for k in range(bisect.bisect_right(ids, f), bisect.bisect_left(ids, x)):
+            if not scheduled[ids[k]]:
+                return True
+        return False
 
     def _release_time(self, x: int) -> float:
         """When the collectives behind ``x``'s pending waits end (0 when none)."""
@@ -438,6 +465,15 @@ class ListScheduler:
         while self.fence_ptr < len(fences) and scheduled[fences[self.fence_ptr]]:
             self.fence_ptr += 1
         fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else s.n
+        while True:
+            self._issue_ready(f, x, fence)
+            if not self._hoist_one(f, x, fence):
+                break
+
+    def _issue_ready(self, f: int, x: int, fence: int) -> None:
+        """Issue the candidates (next in their group, inputs ready) that the gates let through."""
+        s = self.s
+        scheduled = self.scheduled
         t_next = max(self.t, self.release[x]) + self.dur[x]
         cands = self.cands
         retry: list[int] = []
@@ -461,6 +497,184 @@ class ListScheduler:
             self.why[c] = "prefetched" if s.fsdp[c] else "not FSDP-like: issued as soon as its inputs were ready"
         for c in retry:
             self._push_cand(c)
+
+    # -- hoisting the feeders of a prefetch -----------------------------------------------------------------
+    def _hoist_one(self, f: int, x: int, fence: int) -> bool:
+        """Try, in id order, each group's next collective that is FSDP-like and waits only on compute that
+        could run now (its *feeders*); hoist the feeders and issue it for the first one the gates allow."""
+        s = self.s
+        heads = []
+        for g, seq in s.seq.items():
+            k = self.gnext[g]
+            if k < len(seq):
+                c = seq[k]
+                if self.unmet[c] and s.fsdp[c] and not s.fence[c] and c <= fence:
+                    heads.append(c)
+        heads.sort()
+        for c in heads:
+            why = self._beyond_horizon(c, x) or self._hoist(c, f, x)
+            if not why:
+                return True
+            if why != "-":
+                self.gate[c] = why
+        return False
+
+    def _beyond_horizon(self, c: int, x: int) -> str:
+        """Hoisting moves compute, so it looks one collective ahead only: the feeders of ``c`` may be hoisted
+        once the compute has started consuming the previous collective of the same op in its group (its
+        first consumer has run or is ``x``, about to run), i.e. during the block before ``c``'s.  Collectives
+        nobody consumes (gradient reductions whose result is a graph output) are skipped when looking back
+        (at most ``HORIZON_LOOKBACK`` of them).  Returns '' when ``c`` is within the horizon."""
+        s = self.s
+        seq = s.seq[s.group[c]]
+        op = s.coll_op[c]
+        k = s.seq_pos[c] - 1
+        stop = max(-1, k - HORIZON_LOOKBACK)
+        while k > stop:
+            p = seq[k]
+            k -= 1
+            if s.coll_op[p] is not op:
+                continue
+            u = s.first_use[p]
+            if u < 0:
+                continue
+            if self.scheduled[u] or u == x:
+                return ""
+            return f"hoisting its feeders: waits until {s.names[u]} starts consuming {s.names[p]} (one ahead)"
+        return ""
+
+    def _feeders_of(self, c: int) -> Optional[list[int]]:
+        """The unscheduled ancestors of collective ``c``, ascending, if they are all compute nodes (so that
+        they can run now, in id order) and at most ``MAX_FEEDERS``; None otherwise.
+
+        Unscheduled ancestors only get fewer as the pass goes on, so a successful search is kept and
+        filtered; a failed one is redone only once the node that stopped it (a wait or collective not yet
+        placed) is placed, or, after a search that exceeded ``MAX_FEEDERS``, once ``MAX_FEEDERS`` more nodes
+        are scheduled.  Each search visits at most ``MAX_FEEDERS + 1`` unscheduled nodes."""
+        scheduled = self.scheduled
+        if c in self.feeders:
+            found = self.feeders[c]
+            if found is not None:
+                if any(scheduled[y] for y in found):
+                    found = [y for y in found if not scheduled[y]]
+                    self.feeders[c] = found
+                return found
+            blocker, at = self.feeder_retry[c]
+            if blocker >= 0 and not scheduled[blocker]:
+                return None
+            if blocker < 0 and len(self.order) < at + MAX_FEEDERS:
+                return None
+        s = self.s
+        kind = s.kind
+        preds = s.preds
+        stack = [p for p in reversed(preds[c]) if not scheduled[p]]
+        seen: set[int] = set()
+        out: list[int] = []
+        while stack:
+            p = stack.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            if kind[p] != COMPUTE:
+                self.feeders[c] = None
+                self.feeder_retry[c] = (p, 0)
+                return None
+            out.append(p)
+            if len(out) > MAX_FEEDERS:
+                self.feeders[c] = None
+                self.feeder_retry[c] = (-1, len(self.order))
+                return None
+            stack.extend(q for q in reversed(preds[p]) if not scheduled[q])
+        out.sort()
+        self.feeders[c] = out
+        return out
+
+    def _crosses_non_fsdp(self, f: int, last: int) -> int:
+        """A not-yet-issued collective that is not FSDP-like (TP, EP, barrier-like) with an id between the
+        frontier ``f`` and ``last``: hoisting compute up to ``last`` ahead of it would issue it later relative
+        to compute than originally.  Returns its id, -1 when there is none, -2 when more than
+        ``MAX_FEEDERS`` collectives lie in between (not looked at: the caller gives up)."""
+        s = self.s
+        cols = s.collectives
+        k = bisect.bisect_right(cols, f)
+        end = bisect.bisect_left(cols, last)
+        if end - k > MAX_FEEDERS:
+            return -2
+        for j in range(k, end):
+            d = cols[j]
+            if not s.fsdp[d] and not self.scheduled[d]:
+                return d
+        return -1
+
+    def _hoist(self, c: int, f: int, x: int) -> str:
+        """Hoist the feeders of ``c`` and issue it now, before ``x`` runs, if the prefetch gates allow.
+        Returns '' when done, '-' when ``c`` has no feeders that could run now, else why not."""
+        s = self.s
+        fs = self._feeders_of(c)
+        if not fs:
+            return "-"
+        if fs[0] == f or x in fs:
+            return "-"  # it needs the compute about to run anyway: it becomes an ordinary candidate
+        n_f = len(fs)
+        what = f"hoisting its {n_f} feeder(s)"
+        d = self._crosses_non_fsdp(f, fs[-1])
+        if d == -2:
+            return f"{what}: too many collectives in between"
+        if d >= 0:
+            return f"{what} would issue {s.names[d]} (not FSDP-like) later"
+        dur = self.dur
+        busy = 0.0
+        for y in fs:
+            busy += dur[y]
+        t1 = self.t + busy  # when the collective would be issued
+        if x != f:
+            gap_end = self._release_time(f)
+            if t1 + dur[x] > gap_end:
+                return f"{what}: would delay {s.names[f]}, which waits on {self._blocker(f)}"
+        t_next = max(t1, self.release[x]) + dur[x]
+        g = s.group[c]
+        am = self.am
+        nxt = s.next_in_group(c)
+        queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
+        if not queued and am.stream_free(g) >= t_next:
+            return "issuing it earlier would not start it earlier (its stream is busy)"
+        if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
+            return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+        # memory: every feeder's output lives from now on, and so does the collective's
+        tree = self.tree
+        limit = self.limit
+        alloc = self.alloc
+        lo = s.region_start[f]
+        live = self.mem.live
+        charged: list[tuple[int, int]] = []
+        for y in fs + [c]:
+            a = alloc[y]
+            if not a:
+                continue
+            why = ""
+            if live + a > limit:  # type: ignore[operator]
+                why = f"memory limit: {live} B live + {a} B output of {s.names[y]} > {limit} B"
+            else:
+                worst = tree.max(lo, y)  # type: ignore[union-attr]
+                if worst + a > limit:  # type: ignore[operator]
+                    why = (f"memory limit: the original order peaks at {worst} B before {s.names[y]}, "
+                           f"+ {a} B > {limit} B")
+            if why:
+                for z, b in charged:
+                    tree.add(lo, z, -b)  # type: ignore[union-attr]
+                return f"{what}: {why}"
+            tree.add(lo, y, a)  # type: ignore[union-attr]
+            charged.append((y, a))
+            live += a
+        for y in fs:
+            self._place(y)
+            self.why[y] = f"hoisted: feeds the prefetch of {s.names[c]}"
+        self.hoisted += n_f
+        if self.unmet[c] != 0:
+            raise InternalError(f"{s.names[c]} still has unplaced inputs after its feeders were hoisted")
+        self._place(c)
+        self.why[c] = f"prefetched after hoisting its {n_f} feeder(s)"
+        return ""
 
     def _gate(self, c: int, f: int, t_next: float) -> str:
         """Why collective ``c`` may not be issued before the chosen node ('' when it may)."""
@@ -547,5 +761,6 @@ class ListScheduler:
                 exposed += self.am.end[c] - compute_end
         makespan = max([compute_end, *self.am.stream_end.values()])
         return ScheduleOutcome(
-            self.order, self.mem.peak, exposed, makespan, self.why, self.gate, self.pulled, self.cap_exceeded
+            self.order, self.mem.peak, exposed, makespan, self.why, self.gate, self.pulled, self.cap_exceeded,
+            self.hoisted,
         )

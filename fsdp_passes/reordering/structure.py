@@ -115,9 +115,26 @@ class Structure:
             elif node.fsdp:
                 self.fsdp[i] = 1
 
+        #: per collective: its CollectiveOp, and the lowest-numbered compute node that reads one of its waits
+        #: (-1 when none does): where the original order starts consuming its output
+        self.coll_op: list[CollectiveOp | None] = [None] * n
+        self.first_use = [-1] * n
+        for c in range(n):
+            if kind[c] != COLLECTIVE:
+                continue
+            self.coll_op[c] = nodes[c].collective
+            use = -1
+            for w in waits_of[c]:
+                for v in succs[w]:
+                    if kind[v] == COMPUTE and (use < 0 or v < use):
+                        use = v
+            self.first_use[c] = use
+
         self.computes = [i for i in range(n) if kind[i] == COMPUTE]
         self.collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
         self.fences = [i for i in self.collectives if self.fence[i]]
+        #: collectives that keep their place relative to compute (no compute is pulled ahead of them)
+        self.non_fsdp_collectives = [i for i in self.collectives if not self.fsdp[i]]
 
         region_start = [0] * n
         compute_before = [0] * n
