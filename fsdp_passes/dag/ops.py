@@ -79,13 +79,19 @@ def as_int(value: Any) -> int:
     """An int from an int or a backed SymInt (its size hint); ValueError for an unbacked size."""
     if isinstance(value, int):
         return value
-    try:
-        from torch.fx.experimental.symbolic_shapes import has_hint, hint_int
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-        if has_hint(value):
-            return int(hint_int(value))
-    except ImportError:  # pragma: no cover - very old torch
-        pass
+    if isinstance(value, torch.SymInt):
+        node = value.node
+        if node.maybe_as_int() is not None:
+            return int(node.maybe_as_int())
+        if not free_unbacked_symbols(node.expr):
+            if node.hint is not None:
+                return int(node.hint)
+            hint = node.shape_env.optimization_hint(node.expr, fallback=None) if node.shape_env else None
+            if hint is not None:
+                return int(hint)
     raise ValueError(f"size {value} has no hint (unbacked symbolic size)")
 
 
