@@ -53,14 +53,13 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
         report.pass_time_s = time.perf_counter() - start
         return report
 
-    def fallback() -> None:
+    def fallback(reason: str = "pass failed; graph left unchanged") -> None:
         _restore(graph, snapshot)
-        report = GraphReport(graph=graph_name, pass_name="fx", fallback="pass failed; graph left unchanged",
-                             options=options.to_json())
+        report = GraphReport(graph=graph_name, pass_name="fx", fallback=reason, options=options.to_json())
         _publish(report, options)
         return None
 
-    report = run_guarded("fx", options, attempt, fallback)
+    report = run_guarded("fx", options, attempt, fallback, lambda reason: fallback(f"left untouched: {reason}"))
     if report is not None:
         _publish(report, options)
         log.info("fsdp_passes %s", report.one_line())

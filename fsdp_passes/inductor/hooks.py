@@ -132,11 +132,22 @@ def graph_name_for_scheduler() -> str:
     return _new_graph_name(kind)
 
 
-def run_guarded(pass_name: str, options: Options, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
+def run_guarded(pass_name: str, options: Options, fn: Callable[[], Any], fallback: Callable[[], Any],
+                skipped: Callable[[str], Any] | None = None) -> Any:
     """Run ``fn``; on any exception warn (naming the pass and the reason) and return ``fallback()``,
-    or raise ``FsdpPassError`` when ``options.strict``."""
+    or raise ``FsdpPassError`` when ``options.strict``.
+
+    A graph the passes leave alone by design (``UnplannableGraph``: unbacked sizes, unsupported node kinds)
+    is not a failure: one INFO line says why and ``skipped(reason)`` (default ``fallback()``) is returned,
+    with or without ``strict``; no warning.
+    """
+    from ..dag.from_fx import UnplannableGraph
+
     try:
         return fn()
+    except UnplannableGraph as exc:
+        log.info("fsdp_passes %s pass: graph left untouched: %s", pass_name, exc)
+        return skipped(str(exc)) if skipped is not None else fallback()
     except Exception as exc:
         message = f"fsdp_passes {pass_name} pass failed, graph left as it was: {type(exc).__name__}: {exc}"
         if options.strict:
@@ -179,11 +190,11 @@ class FsdpSchedulerPass(CustomSchedulerPass):
 
         name = graph_name_for_scheduler()
 
-        def fallback() -> list:
+        def fallback(reason: str = "pass failed; input order kept") -> list:
             from ..report import GraphReport, record
 
             record(GraphReport(graph=name, pass_name="scheduler", options=self.options.to_json(),
-                               fallback="pass failed; input order kept"))
+                               fallback=reason))
             return nodes
 
         return run_guarded(
@@ -191,6 +202,7 @@ class FsdpSchedulerPass(CustomSchedulerPass):
             self.options,
             lambda: reorder_scheduler_nodes(nodes, self.options, graph_name=name)[0],
             fallback,
+            lambda reason: fallback(f"left untouched: {reason}"),
         )
 
     def uuid(self) -> str:
