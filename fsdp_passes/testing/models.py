@@ -39,6 +39,9 @@ __all__ = [
     "build_mlp",
     "build_llama",
     "example_inputs",
+    "hsdp",
+    "TPMLP",
+    "build_tp_mlp",
 ]
 
 #: Key inside ``node.meta["custom"]`` naming the parameter FQN a gather / reduce-scatter belongs to.
@@ -61,6 +64,8 @@ class FSDPParam:
     reduce_dtype: Optional[torch.dtype]  #: dtype of the gradient reduce-scatter (None: the gather dtype)
     group_name: str  #: process group name, as it appears in the collectives' arguments
     world_size: int
+    #: HSDP: the replicate group's name; gradients are all-reduced over it after the reduce-scatter (None: no HSDP)
+    replicate_group_name: Optional[str] = None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,6 +98,33 @@ class _GatherReduceInDtype(torch.autograd.Function):
         return out.to(ctx.shard_dtype), None, None, None, None
 
 
+class _AllReduceGrad(torch.autograd.Function):
+    """Identity in forward; backward all-reduces (sum) the gradient over ``group_name`` (HSDP replicas)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group_name: str) -> torch.Tensor:  # type: ignore[override]
+        ctx.group_name = group_name
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+        out = torch.ops._c10d_functional.all_reduce(grad.contiguous(), "sum", ctx.group_name)
+        return torch.ops._c10d_functional.wait_tensor(out), None
+
+
+class _AllReduceForward(torch.autograd.Function):
+    """Tensor parallel "g": all-reduce (sum) in forward, identity in backward (row-parallel output)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group_name: str) -> torch.Tensor:  # type: ignore[override]
+        out = torch.ops._c10d_functional.all_reduce(x.contiguous(), "sum", group_name)
+        return torch.ops._c10d_functional.wait_tensor(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
+        return grad, None
+
+
 def _reshard_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -122,6 +154,8 @@ class _Gather:
 
     def _functional(self, shard: torch.Tensor) -> torch.Tensor:
         i = self.info
+        if i.replicate_group_name is not None:
+            shard = _AllReduceGrad.apply(shard, i.replicate_group_name)
         gather_dtype = i.param_dtype or shard.dtype
         if i.reduce_dtype is not None and i.reduce_dtype != gather_dtype:
             return _GatherReduceInDtype.apply(shard, i.param_dtype, i.reduce_dtype, i.world_size, i.group_name)
@@ -188,6 +222,7 @@ def simple_fsdp(
     param_dtype: Optional[torch.dtype] = None,
     reduce_dtype: Optional[torch.dtype] = None,
     mode: str = "functional",
+    replicate_group: Optional[dist.ProcessGroup] = None,
 ) -> nn.Module:
     """Shard ``module``'s parameters over ``group`` (default: the world group) in place and return it.
 
@@ -202,6 +237,9 @@ def simple_fsdp(
     mode: ``"functional"`` (``_c10d_functional`` ops) or ``"dtensor"`` (``DTensor.redistribute`` to
         ``Replicate`` with ``Partial`` gradient placements, like torchtitan's SimpleFSDP).
     mesh: a 1-D ``DeviceMesh`` for ``mode="dtensor"`` (default: one over ``group``'s ranks).
+    replicate_group: HSDP (``mode="functional"`` only): parameters are sharded over ``group`` and replicated
+        over ``replicate_group``; the reduce-scattered gradient shards are all-reduced (sum) over it.  See
+        :func:`hsdp` for a 2-D mesh.
     """
     if mode not in _MODES:
         raise ValueError(f"simple_fsdp: mode={mode!r}, expected one of {_MODES}")
@@ -217,6 +255,8 @@ def simple_fsdp(
         if mesh.ndim != 1:
             raise ValueError("simple_fsdp: mesh must be 1-D")
         group = mesh.get_group()
+    if replicate_group is not None and mode != "functional":
+        raise ValueError("simple_fsdp: replicate_group= (HSDP) needs mode='functional'")
     group = group if group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     rank = dist.get_rank(group)
@@ -246,6 +286,7 @@ def simple_fsdp(
                 fqn=fqn, module_fqn=mod_fqn, name=name, full_shape=tuple(p.shape), shard_shape=tuple(shard.shape),
                 orig_dtype=p.dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype, group_name=group_name,
                 world_size=world,
+                replicate_group_name=replicate_group.group_name if replicate_group is not None else None,
             )
             mod._parameters[name] = nn.Parameter(shard, requires_grad=p.requires_grad)
             gathers[name] = _Gather(info, reshard_after_forward, mode, mesh)
@@ -458,3 +499,79 @@ def example_inputs(model: nn.Module, batch: int = 2, *, seed: Optional[int] = No
         return model.example_inputs(batch)
     with _seeded(seed):
         return model.example_inputs(batch)
+
+
+# --------------------------------------------------------------------------------------------------
+# Several process groups: HSDP (replicate x shard) and tensor parallel + FSDP
+# --------------------------------------------------------------------------------------------------
+
+def hsdp(module: nn.Module, mesh: Any, **fsdp_options: Any) -> nn.Module:
+    """HSDP on a 2-D ``DeviceMesh`` (dim 0: replicate, dim 1: shard): parameters sharded over the shard
+    group, gradients reduce-scattered there and then all-reduced over the replicate group."""
+    if mesh.ndim != 2:
+        raise ValueError(f"hsdp: expected a 2-D mesh (replicate, shard), got {mesh.ndim}-D")
+    return simple_fsdp(module, group=mesh.get_group(1), replicate_group=mesh.get_group(0), **fsdp_options)
+
+
+class TPBlock(nn.Module):
+    """Megatron-style MLP block on a tensor-parallel group: ``fc1`` column-parallel, ``fc2`` row-parallel.
+
+    Forward: ``x + all_reduce_tp(fc2(relu(fc1(x))))``; backward: the row-parallel output's all-reduce is an
+    identity, the column-parallel input's gradient is all-reduced over the TP group.  Both all-reduces are
+    functional collectives on the TP group (not FSDP collectives).
+    """
+
+    def __init__(self, dim: int, hidden_local: int, tp_group_name: str) -> None:
+        super().__init__()
+        self.tp_group_name = tp_group_name
+        self.fc1 = nn.Linear(dim, hidden_local, bias=False)
+        self.fc2 = nn.Linear(hidden_local, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_in = _AllReduceGrad.apply(x, self.tp_group_name)
+        partial = self.fc2(F.relu(self.fc1(x_in)))
+        return x + _AllReduceForward.apply(partial, self.tp_group_name)
+
+
+class TPMLP(nn.Module):
+    """``layers.<i>`` :class:`TPBlock` s; input ``[batch, dim]`` (replicated over the TP group)."""
+
+    def __init__(self, n_layers: int, dim: int, hidden_local: int, tp_group_name: str) -> None:
+        super().__init__()
+        self.dim = dim
+        self.layers = nn.ModuleList(TPBlock(dim, hidden_local, tp_group_name) for _ in range(n_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor]:
+        return (torch.randn(batch, self.dim),)
+
+
+def build_tp_mlp(n_layers: int = 2, dim: int = 64, *, hidden: Optional[int] = None, tp_group: Any,
+                 dp_group: Optional[dist.ProcessGroup] = None, seed: int = 0, fsdp: bool = True,
+                 **fsdp_options: Any) -> TPMLP:
+    """A :class:`TPMLP` whose blocks hold this TP rank's slice of a seeded full MLP (``fc1`` rows, ``fc2``
+    columns), then sharded by :func:`simple_fsdp` over ``dp_group`` (default: the world group).
+
+    TP + FSDP on a 2-D mesh ``(dp, tp)``: ``tp_group=mesh.get_group(1), dp_group=mesh.get_group(0)``.
+    """
+    hidden = hidden or 2 * dim
+    tp = dist.get_world_size(tp_group)
+    tp_rank = dist.get_rank(tp_group)
+    if hidden % tp:
+        raise ValueError(f"build_tp_mlp: hidden={hidden} must be divisible by the TP size {tp}")
+    with _seeded(seed):
+        full = MLP(n_layers, dim, hidden)
+    model = TPMLP(n_layers, dim, hidden // tp, tp_group.group_name)
+    with torch.no_grad():
+        for src, dst in zip(full.layers, model.layers):
+            dst.fc1.weight.copy_(src.fc1.weight.chunk(tp, dim=0)[tp_rank])
+            dst.fc2.weight.copy_(src.fc2.weight.chunk(tp, dim=1)[tp_rank])
+    if fsdp:
+        return simple_fsdp(model, group=dp_group, **fsdp_options)
+    if fsdp_options:
+        raise TypeError(f"simple_fsdp options {sorted(fsdp_options)} given with fsdp=False")
+    return model
