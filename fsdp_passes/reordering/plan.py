@@ -47,6 +47,7 @@ class ReorderResult:
         prefetched).  wait_shift: per wait id, how many compute nodes later than originally it runs (>0:
         sunk).
     pulled: compute nodes run ahead of a lower-numbered one that was waiting on a collective.
+    hoisted: compute nodes run ahead of the frontier because they feed a collective prefetched right after.
     passes: scheduling passes run (more than one when a pass overshot the memory limit and was redone).
     notes: what happened along the way (for logs).
     """
@@ -63,6 +64,7 @@ class ReorderResult:
     issue_shift: dict[int, int] = field(default_factory=dict)
     wait_shift: dict[int, int] = field(default_factory=dict)
     pulled: int = 0
+    hoisted: int = 0
     passes: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -75,6 +77,7 @@ class ReorderResult:
         return {
             "moved": self.moved,
             "pulled": self.pulled,
+            "hoisted": self.hoisted,
             "changed": self.changed,
             "fallback": self.fallback,
             "passes": self.passes,
@@ -95,7 +98,7 @@ class ReorderResult:
             if not reason:
                 continue
             shift = self.issue_shift.get(i, 0) or self.wait_shift.get(i, 0)
-            if only_moved and not shift and not reason.startswith("pulled"):
+            if only_moved and not shift and not reason.startswith(("pulled", "hoisted")):
                 continue
             lines.append(f"{node.name} [{node.kind.value}]: {reason}")
         return lines
@@ -271,7 +274,8 @@ def _result(
     return ReorderResult(
         order=list(order), moved=moved, reasons=reasons, before=before, after=after, baseline_peak=base_peak,
         memory_limit=limit, max_prefetch=max_prefetch, fallback=None, issue_shift=issue_shift,
-        wait_shift=wait_shift, pulled=outcome.pulled, passes=passes, notes=notes,
+        wait_shift=wait_shift, pulled=outcome.pulled,
+        hoisted=outcome.hoisted, passes=passes, notes=notes,
     )
 
 

@@ -21,7 +21,12 @@ The *frontier* ``f`` is the lowest-numbered compute node not yet scheduled.  Eve
    (a) their group's stream would otherwise go idle before the chosen node ends (issuing later would not
    start them later), (b) fewer than ``max_prefetch`` collectives of the group are in flight and (c) the
    extra live range of their output keeps the memory limit; collectives that are not FSDP-like skip (a)
-   and (b);
+   and (b).  A group's next FSDP-like collective that still needs compute (copy-in / cast kernels, its
+   *feeders*) is prefetched the same way when those feeders can run now (every unscheduled ancestor is a
+   compute node, at most ``MAX_FEEDERS`` of them, none is the frontier or the chosen node): the feeders are
+   hoisted in id order, then it is issued.  Only one collective ahead (the previous one of the same op in
+   its group is already being consumed), never past a not-yet-issued collective that is not FSDP-like, and
+   with the feeders' outputs charged to the memory limit too;
 7. the chosen node runs.
 
 Ids are the tie-break everywhere and all containers are heaps or arrays indexed by id, so the result depends
@@ -512,19 +517,21 @@ class ListScheduler:
                     heads.append(c)
         heads.sort()
         for c in heads:
-            why = self._beyond_horizon(c, x) or self._hoist(c, f, x)
+            if self._beyond_horizon(c, x):
+                continue  # the normal state of a collective more than one ahead: not recorded as a gate
+            why = self._hoist(c, f, x)
             if not why:
                 return True
             if why != "-":
                 self.gate[c] = why
         return False
 
-    def _beyond_horizon(self, c: int, x: int) -> str:
+    def _beyond_horizon(self, c: int, x: int) -> bool:
         """Hoisting moves compute, so it looks one collective ahead only: the feeders of ``c`` may be hoisted
         once the compute has started consuming the previous collective of the same op in its group (its
         first consumer has run or is ``x``, about to run), i.e. during the block before ``c``'s.  Collectives
         nobody consumes (gradient reductions whose result is a graph output) are skipped when looking back
-        (at most ``HORIZON_LOOKBACK`` of them).  Returns '' when ``c`` is within the horizon."""
+        (at most ``HORIZON_LOOKBACK`` of them)."""
         s = self.s
         seq = s.seq[s.group[c]]
         op = s.coll_op[c]
@@ -538,10 +545,8 @@ class ListScheduler:
             u = s.first_use[p]
             if u < 0:
                 continue
-            if self.scheduled[u] or u == x:
-                return ""
-            return f"hoisting its feeders: waits until {s.names[u]} starts consuming {s.names[p]} (one ahead)"
-        return ""
+            return not (self.scheduled[u] or u == x)
+        return False
 
     def _feeders_of(self, c: int) -> Optional[list[int]]:
         """The unscheduled ancestors of collective ``c``, ascending, if they are all compute nodes (so that
@@ -589,23 +594,6 @@ class ListScheduler:
         self.feeders[c] = out
         return out
 
-    def _crosses_non_fsdp(self, f: int, last: int) -> int:
-        """A not-yet-issued collective that is not FSDP-like (TP, EP, barrier-like) with an id between the
-        frontier ``f`` and ``last``: hoisting compute up to ``last`` ahead of it would issue it later relative
-        to compute than originally.  Returns its id, -1 when there is none, -2 when more than
-        ``MAX_FEEDERS`` collectives lie in between (not looked at: the caller gives up)."""
-        s = self.s
-        cols = s.collectives
-        k = bisect.bisect_right(cols, f)
-        end = bisect.bisect_left(cols, last)
-        if end - k > MAX_FEEDERS:
-            return -2
-        for j in range(k, end):
-            d = cols[j]
-            if not s.fsdp[d] and not self.scheduled[d]:
-                return d
-        return -1
-
     def _hoist(self, c: int, f: int, x: int) -> str:
         """Hoist the feeders of ``c`` and issue it now, before ``x`` runs, if the prefetch gates allow.
         Returns '' when done, '-' when ``c`` has no feeders that could run now, else why not."""
@@ -617,11 +605,8 @@ class ListScheduler:
             return "-"  # it needs the compute about to run anyway: it becomes an ordinary candidate
         n_f = len(fs)
         what = f"hoisting its {n_f} feeder(s)"
-        d = self._crosses_non_fsdp(f, fs[-1])
-        if d == -2:
-            return f"{what}: too many collectives in between"
-        if d >= 0:
-            return f"{what} would issue {s.names[d]} (not FSDP-like) later"
+        if self._delays_non_fsdp(f, fs[-1]):
+            return f"{what} would issue a collective that is not FSDP-like later relative to compute"
         dur = self.dur
         busy = 0.0
         for y in fs:
