@@ -380,6 +380,87 @@ def test_reasons_and_summary():
     assert any(line.startswith("ag1 [collective]: prefetched") for line in lines)
 
 
+# -- hoisting the feeders of a prefetch ----------------------------------------------------------------------
+def copy_in_dag(blocks=6, copy_ms=1.5, ag_ms=2.0, mm_ms=3.0, param=100, act=10, tp=False):
+    """Per-block bucketing: each block's gather reads a copy-in kernel (the cat of the block's shards, graph
+    inputs only) that comes right before it in the original order.  With ``tp``, a tensor-parallel all-reduce
+    of the first matmul's output sits between the two matmuls of every block."""
+    b = Builder()
+    x = b.input("x")
+    shards = [b.input(f"shard{i}") for i in range(blocks)]
+    for i in range(blocks):
+        ci = b.compute(f"copy{i}", copy_ms, shards[i], out=param // 4)
+        a = b.coll(f"ag{i}", ag_ms, ci, out=param)
+        w = b.wait(f"ag{i}_wait", a)
+        x = b.compute(f"mm{i}a", mm_ms, x, w, out=act, output=True)
+        if tp:
+            t = b.coll(f"tp{i}", 0.5, x, op=AR, group="tp", out=act, fsdp=False)
+            x = b.wait(f"tp{i}_wait", t)
+        x = b.compute(f"mm{i}b", mm_ms, x, w, out=act, output=True)
+    return b
+
+
+def test_feeders_of_the_next_gather_are_hoisted_above_the_current_block():
+    b = copy_in_dag()
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=1000)
+    before, after = check_plan(dag, b.durations, res, 1000)
+    pos = pos_of(res.order)
+    idx = dag.index
+    # block 1's copy-in fits the idle time before block 0 (pulled); from block 2 on there is no idle time left
+    # and the copy-in of block i+1 is hoisted above block i's compute so that its gather overlaps block i
+    for i in range(1, 5):
+        copy_next, ag_next, wait_next = idx[f"copy{i + 1}"], idx[f"ag{i + 1}"], idx[f"ag{i + 1}_wait"]
+        first_mm = idx[f"mm{i}a"]
+        assert pos[copy_next] < pos[ag_next] < pos[first_mm] < pos[wait_next], names(dag, res.order)
+        assert res.reasons[copy_next] == f"hoisted: feeds the prefetch of ag{i + 1}"
+        assert res.reasons[ag_next].startswith("prefetched after hoisting its 1 feeder(s)")
+        assert res.issue_shift[ag_next] > 0
+        # one block ahead only: nothing of block i+1 runs before block i-1 is done
+        assert pos[copy_next] > pos[idx[f"mm{i - 1}b"]], names(dag, res.order)
+    assert res.hoisted >= 4 and res.summary()["hoisted"] == res.hoisted
+    assert any(line.startswith("copy2 [compute]: hoisted") for line in res.describe(dag))
+    # the matmuls keep their order; only the first gather is (partly) exposed
+    mms = [i for i in res.order if dag.nodes[i].name.startswith("mm")]
+    assert mms == sorted(mms)
+    assert after.exposed_total == pytest.approx(0.5)
+    assert after.makespan == pytest.approx(6 * 7.5 + 0.5)
+    assert before.exposed_total == pytest.approx(12.0)
+    print(f"copy-in: exposed {before.exposed_total} -> {after.exposed_total} ms, makespan {before.makespan} -> "
+          f"{after.makespan} ms, peak {before.peak_memory} -> {after.peak_memory} B")
+
+
+def test_hoisting_keeps_the_memory_limit():
+    b = copy_in_dag()
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=0)
+    before, after = check_plan(dag, b.durations, res, 0)
+    assert after.peak_memory <= before.peak_memory
+    held = [res.reasons[dag.index[f"ag{i}"]] for i in range(2, 6)]
+    assert any("hoisting its 1 feeder(s): memory limit" in r for r in held), held
+    assert not res.reasons[dag.index["copy2"]].startswith("hoisted")
+    # a budget that fits one extra gathered block and its copy-in lets the hoist through
+    res = plan_order(dag, b.durations, memory_budget_bytes=125)
+    check_plan(dag, b.durations, res, 125)
+    assert res.reasons[dag.index["copy2"]] == "hoisted: feeds the prefetch of ag2"
+
+
+def test_hoisting_never_delays_a_tensor_parallel_collective():
+    b = copy_in_dag(blocks=4, tp=True)
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=1000)
+    before, after = check_plan(dag, b.durations, res, 1000)
+    pos = pos_of(res.order)
+    idx = dag.index
+    for i in range(3):
+        # the TP all-reduce still follows its matmul directly; the next block's copy-in is hoisted only past
+        # compute that comes after it
+        assert pos[idx[f"tp{i}"]] == pos[idx[f"mm{i}a"]] + 1
+        assert pos[idx[f"copy{i + 1}"]] > pos[idx[f"tp{i}"]] or res.reasons[idx[f"copy{i + 1}"]].startswith("pulled")
+        assert res.issue_shift[idx[f"tp{i}"]] == 0
+    assert after.exposed_total < before.exposed_total
+
+
 # -- building blocks ----------------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(-50, 50), st.booleans()),
