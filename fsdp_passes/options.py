@@ -66,9 +66,10 @@ class Options:
             out[f.name] = value
         return out
 
-    def memory_budget_bytes(self, baseline_peak: int) -> int:
-        """The budget in bytes for a graph whose unplanned peak memory is ``baseline_peak``."""
-        return parse_memory_budget(self.memory_budget, baseline_peak)
+    def memory_budget_bytes(self, baseline_peak: int, resident_bytes: int = 0) -> int:
+        """The budget in bytes for a graph whose unplanned peak is ``baseline_peak`` bytes of intermediates
+        on top of ``resident_bytes`` of graph inputs; a percentage is of the two together."""
+        return parse_memory_budget(self.memory_budget, baseline_peak + resident_bytes)
 
     @classmethod
     def from_env(cls, base: "Options | None" = None, environ: Mapping[str, str] | None = None) -> "Options":

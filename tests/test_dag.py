@@ -113,3 +113,20 @@ def test_reaches_on_a_large_chain_is_windowed():
 )
 def test_normalize_module_path(raw, expected):
     assert normalize_module_path(raw) == expected
+
+
+def test_graph_inputs_are_resident_bytes_in_both_builders(mlp_captures):
+    """Parameter shards and saved activations are the graph's inputs: both DAGs count the same bytes, and a
+    percentage memory budget is a percentage of them plus the intermediates' peak."""
+    from fsdp_passes import Options
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+
+    fx_graphs, sched = mlp_captures
+    for cap, gm in ((sched[0], fx_graphs.forward), (sched[1], fx_graphs.backward)):
+        with cap.graph_context():
+            s_dag = dag_from_scheduler_nodes(cap.before)
+        f_dag = dag_from_fx(gm)
+        expected = sum(n.meta["val"].numel() * n.meta["val"].element_size()
+                       for n in gm.graph.nodes if n.op == "placeholder")
+        assert f_dag.resident_bytes == s_dag.resident_bytes == expected > 0
+    assert Options(memory_budget="10%").memory_budget_bytes(1000, resident_bytes=9000) == 1000

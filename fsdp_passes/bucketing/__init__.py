@@ -124,7 +124,7 @@ def plan_bucketing(
             from ..simulate.memory import peak_memory
 
             baseline_peak = peak_memory(dag, list(range(len(dag.nodes))))
-        budget = int(options.memory_budget_bytes(baseline_peak) * budget_scale)
+        budget = int(options.memory_budget_bytes(baseline_peak, dag.resident_bytes) * budget_scale)
         plan = plan_auto(dag, durations, cost_model, bucket_cap_mb=options.bucket_cap_mb,
                          memory_budget_bytes=budget, bucket_non_fsdp=options.bucket_non_fsdp)
     else:
@@ -197,7 +197,7 @@ def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model
     from ..simulate.memory import peak_memory
 
     base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
-    budget = options.memory_budget_bytes(base_peak)
+    budget = options.memory_budget_bytes(base_peak, dag.resident_bytes)
     scale = 1.0
     plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak)
     for _ in range(max_rounds):
@@ -240,7 +240,7 @@ def _scratch_copy(g: fx.Graph, dag: Dag) -> tuple[fx.Graph, Dag]:
         c = _copy.copy(node)
         c.origin = val_map.get(node.origin, node.origin)
         nodes.append(c)
-    return new, Dag(nodes, dag.edges())
+    return new, Dag(nodes, dag.edges(), dag.resident_bytes)
 
 
 def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,

@@ -170,10 +170,15 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     last_writer: dict[Any, int] = {}
     readers: dict[Any, list[int]] = {}
     output_roots: set[Any] = set()
+    resident = 0
 
     for fx_node in graph.nodes:
         if fx_node.op == "placeholder" or fx_node.op == "get_attr":
             root[fx_node] = fx_node
+            try:
+                resident += tensor_bytes(fx_node.meta.get("val"))
+            except ValueError:  # an unbacked input size: the budget base just misses it
+                pass
             continue
         if fx_node.op == "output":
             for arg in fx_node.all_input_nodes:
@@ -244,7 +249,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     for fx_node, i in index.items():
         if root.get(fx_node, fx_node) in output_roots and nodes[i].alias_of is None:
             nodes[i].is_output = True
-    return Dag(nodes, edges)
+    return Dag(nodes, edges, resident)
 
 
 def size_hinted(obj: Any) -> Any:

@@ -105,6 +105,7 @@ def dag_to_json(
             "after": [int(i) for i in (identity if after is None else after)],
         },
         "durations_ms": [float(d) for d in (durations if durations is not None else [0.0] * len(dag))],
+        "resident_bytes": int(dag.resident_bytes),
         "meta": dict(meta or {}),
     }
 
@@ -125,7 +126,7 @@ def load_dag_dump(data: Mapping[str, Any]) -> DagDump:
     ):
         raise DagJsonError("'edges' must be a list of [src, dst] node ids")
     try:
-        dag = Dag(nodes, [tuple(e) for e in raw_edges])
+        dag = Dag(nodes, [tuple(e) for e in raw_edges], int(data.get("resident_bytes", 0)))
     except ValueError as exc:
         raise DagJsonError(str(exc)) from None
     orders = data.get("orders") or {}

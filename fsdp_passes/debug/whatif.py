@@ -64,7 +64,7 @@ def scale_world_size(dag: Dag, world_size: int, fixed: str = "model") -> Dag:
                     node.out_bytes = node.out_bytes * world_size // old
                 else:
                     node.in_bytes = node.in_bytes * world_size // old
-    return Dag(nodes, list(dag.edges()))
+    return Dag(nodes, list(dag.edges()), dag.resident_bytes)
 
 
 @dataclass

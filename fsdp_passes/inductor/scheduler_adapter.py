@@ -151,7 +151,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
-    dag = Dag(nodes, edges)
+    dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like, as the SimpleFSDP pattern produces them: an all-gather fed by no matmul-like compute (a
     # parameter shard, perhaps cast), a reduce-scatter (gradients; the FX pass has the precise test)
     for i, node in enumerate(nodes):
@@ -160,6 +160,16 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
         elif node.collective is CollectiveOp.REDUCE_SCATTER:
             node.fsdp = True
     return dag
+
+
+def _graph_input_bytes() -> int:
+    try:
+        from torch._inductor.virtualized import V
+
+        return sum(_layout_bytes(getattr(t, "data", t)) if not hasattr(t, "layout") else _layout_bytes(t)
+                   for t in V.graph.graph_inputs.values())
+    except Exception:  # outside a graph lowering: no inputs known
+        return 0
 
 
 def _graph_output_names() -> set[str]:

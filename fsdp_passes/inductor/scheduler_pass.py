@@ -44,7 +44,7 @@ def reorder_scheduler_nodes(
         result = plan_order(
             dag,
             durations,
-            memory_budget_bytes=options.memory_budget_bytes(baseline_peak),
+            memory_budget_bytes=options.memory_budget_bytes(baseline_peak, dag.resident_bytes),
             max_prefetch=options.max_prefetch,
         )
         order = list(result.order)
