@@ -1,0 +1,562 @@
+"""Real compute/communication overlap on an emulated two-node cluster.
+
+Two ranks, each in its own network namespace, joined by a veth pair whose ends are rate-limited with a
+token bucket (``tc qdisc ... tbf rate 400mbit burst 256kb latency 200ms``); gloo talks over that link, each
+rank computes on one thread.  A SimpleFSDP MLP sized so that a step's communication takes about as long as
+its compute is timed under several configurations, alternated step by step:
+
+    fsdp2_eager       torch.distributed.fsdp.fully_shard (per layer + root), eager
+    compiled          SimpleFSDP model under torch.compile, no communication passes
+    inductor_builtin  + Inductor's own passes (bucket_*_fx="all", reorder_for_compute_comm_overlap passes)
+    fsdp_passes       + fsdp_passes.enable(bucketing="auto") (the cost-model planner, the default)
+    fsdp_passes_manual + fsdp_passes.enable(bucketing="manual", bucket_plan=["layers.[0-N]"]): a bucket per layer
+    compute_only      the same model unsharded under torch.compile: the step without collectives
+    comm_only         the step's collectives alone (same sizes and order, all issued asynchronously)
+
+    sudo python benchmarks/emulated_cluster.py                 # full run, writes results/emulated_cluster.json
+    sudo python benchmarks/emulated_cluster.py --smoke --out /tmp/smoke.json
+
+Needs root, ``ip`` and ``tc``.  The namespaces (and so the veth pair) are deleted on every exit path.
+The script re-executes itself inside each namespace with ``--rank R``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "emulated_cluster.json"
+DEFAULT_PREFIX = "fsdpbench"
+SUBNET = "10.213.7."  # .1 rank 0, .2 rank 1; exists only inside our two namespaces
+ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_manual", "compute_only",
+               "comm_only")
+OURS = ("fsdp_passes", "fsdp_passes_manual")
+INDUCTOR_BUILTIN_PASSES = ["reorder_compute_for_overlap", "sink_waits", "raise_comms"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", default="400mbit", help="tbf rate of each veth end (tc syntax), default 400mbit")
+    p.add_argument("--layers", type=int, default=8, help="MLP blocks (default 8)")
+    p.add_argument("--dim", type=int, default=512, help="model width (default 512)")
+    p.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
+    p.add_argument("--batch", type=int, default=1792, help="rows per rank per step (default 1792)")
+    p.add_argument("--no-reshard", dest="reshard", action="store_false",
+                   help="keep gathered parameters from forward to backward (reshard_after_forward=False) in "
+                        "every configuration; default: reshard after forward, so backward gathers again")
+    p.add_argument("--steps", type=int, default=12, help="timed steps per configuration (default 12)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first (default 2)")
+    p.add_argument("--configs", default=",".join(ALL_CONFIGS),
+                   help=f"comma-separated subset of {','.join(ALL_CONFIGS)}")
+    p.add_argument("--memory-budget", default="100%",
+                   help="fsdp_passes memory_budget (default 100%%: one layer's parameters prefetched)")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny model, 2 timed steps, fsdp2_eager and fsdp_passes only (quick check)")
+    p.add_argument("--out", default=None, help=f"JSON output (default {DEFAULT_OUT.relative_to(REPO)})")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace name prefix (default fsdpbench)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before the ranks are killed")
+    p.add_argument("--cache-dir", default=None,
+                   help="TORCHINDUCTOR_CACHE_DIR (default: $TORCHINDUCTOR_CACHE_DIR or /tmp/fsdp_passes_bench_inductor)")
+    # internal: set by the launcher for the processes it starts inside the namespaces
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--params-json", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.layers, args.dim, args.hidden, args.batch = 2, 64, 128, 16
+        args.steps, args.warmup = 2, 1
+        if args.configs == ",".join(ALL_CONFIGS):
+            args.configs = "fsdp2_eager,fsdp_passes"
+    args.config_list = [c for c in args.configs.split(",") if c]
+    unknown = sorted(set(args.config_list) - set(ALL_CONFIGS))
+    if unknown:
+        p.error(f"unknown configuration(s) {', '.join(unknown)}; known: {', '.join(ALL_CONFIGS)}")
+    if args.timeout is None:
+        args.timeout = 300.0 if args.smoke else 3600.0
+    return args
+
+
+# ==================================================================================================
+# Launcher: namespaces, veth, tbf, two rank processes, the table and the JSON.
+# ==================================================================================================
+
+class Cluster:
+    """Two network namespaces joined by a rate-limited veth pair; ``close()`` removes everything."""
+
+    def __init__(self, prefix: str, rate: str) -> None:
+        tag = f"{prefix}-{os.getpid()}"
+        self.namespaces = [f"{tag}-0", f"{tag}-1"]
+        self.veths = [f"fb{os.getpid()}a", f"fb{os.getpid()}b"]  # <= 15 characters
+        self.addrs = [SUBNET + "1", SUBNET + "2"]
+        self.rate = rate
+        self.tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "200ms"]
+        self.procs: list[subprocess.Popen] = []
+        self._closed = False
+
+    def open(self) -> None:
+        for ns in self.namespaces:
+            _ip("netns", "add", ns)
+        _ip("link", "add", self.veths[0], "type", "veth", "peer", "name", self.veths[1])
+        for ns, veth, addr in zip(self.namespaces, self.veths, self.addrs):
+            _ip("link", "set", veth, "netns", ns)
+            _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", veth)
+            _ip("-n", ns, "link", "set", "lo", "up")
+            _ip("-n", ns, "link", "set", veth, "up")
+            _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root", *self.tbf])
+
+    def spawn(self, rank: int, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        cmd = ["ip", "netns", "exec", self.namespaces[rank], sys.executable, str(Path(__file__).resolve()), *argv]
+        env = dict(env, GLOO_SOCKET_IFNAME=self.veths[rank], MASTER_ADDR=self.addrs[0], MASTER_PORT="29511")
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the rank's own session: it and its children
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for ns in self.namespaces:  # deleting a namespace deletes the veth end inside it (and its peer)
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        for veth in self.veths:  # only left in the root namespace if open() failed half-way
+            if subprocess.run(["ip", "link", "show", veth], capture_output=True).returncode == 0:
+                subprocess.run(["ip", "link", "delete", veth], capture_output=True)
+
+
+def _run(cmd: list[str]) -> None:
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip() or r.stdout.strip()}")
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args])
+
+
+def remove_stale_namespaces(prefix: str) -> list[str]:
+    """Delete ``<prefix>-<pid>-<r>`` namespaces whose launcher process is gone (e.g. after SIGKILL)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    removed = []
+    for line in out.splitlines():
+        name = line.split()[0] if line.split() else ""
+        parts = name.rsplit("-", 2)
+        if len(parts) != 3 or parts[0] != prefix or not parts[1].isdigit():
+            continue
+        if not os.path.exists(f"/proc/{parts[1]}"):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+            removed.append(name)
+    return removed
+
+
+def requirements_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces and tc)"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {' and '.join(missing)} (iproute2) on the PATH"
+    return None
+
+
+def launch(args: argparse.Namespace) -> int:
+    why = requirements_missing()
+    if why:
+        print(f"emulated_cluster: {why}", file=sys.stderr)
+        return 2
+    out_path = Path(args.out) if args.out else DEFAULT_OUT
+    cache_dir = args.cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/tmp/fsdp_passes_bench_inductor"
+    work = Path(tempfile.mkdtemp(prefix="emulated_cluster_"))
+    cluster = Cluster(args.prefix, args.rate)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    atexit.register(cluster.close)
+    try:
+        remove_stale_namespaces(args.prefix)
+        try:
+            cluster.open()
+        except RuntimeError as e:
+            print(f"emulated_cluster: cannot set up the namespaces: {e}", file=sys.stderr)
+            return 3
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1",
+                   OMP_NUM_THREADS="1", FSDP_PASSES_BENCH_NS_PREFIX=args.prefix)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        params = work / "params.json"
+        params.write_text(json.dumps(vars(args), default=str))
+        logs = [work / f"rank{r}.log" for r in range(2)]
+        results = [work / f"rank{r}.json" for r in range(2)]
+        procs = [cluster.spawn(r, ["--rank", str(r), "--params-json", str(params), "--result-file",
+                                   str(results[r])], env, logs[r]) for r in range(2)]
+        print(f"emulated_cluster: namespaces {', '.join(cluster.namespaces)}; link {args.rate} (tbf each way); "
+              f"logs in {work}", flush=True)
+        deadline = time.monotonic() + args.timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                print(f"emulated_cluster: ranks did not finish within {args.timeout:.0f} s", file=sys.stderr)
+                _print_tail(logs)
+                return 4
+            if any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(2)  # let the other rank report its own error too
+                break
+            time.sleep(0.2)
+        bad = [r for r, p in enumerate(procs) if p.poll() != 0 or not results[r].exists()]
+        if bad:
+            print(f"emulated_cluster: rank(s) {bad} failed", file=sys.stderr)
+            _print_tail(logs)
+            return 5
+        ranks = [json.loads(r.read_text()) for r in results]
+        summary = summarize(args, ranks)
+        summary["command"] = " ".join(["python", "benchmarks/emulated_cluster.py", *sys.argv[1:]])
+        summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
+        print_table(summary)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out_path}")
+        return 0
+    finally:
+        for s in previous:  # a second Ctrl-C must not interrupt the clean-up
+            signal.signal(s, signal.SIG_IGN)
+        cluster.close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _print_tail(logs: list[Path]) -> None:
+    for r, log in enumerate(logs):
+        text = log.read_text(errors="replace") if log.exists() else ""
+        print(f"--- rank {r} (last lines) ---\n" + "\n".join(text.splitlines()[-25:]), file=sys.stderr)
+
+
+def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
+    r0 = ranks[0]
+    configs: dict[str, Any] = {}
+    for name in args.config_list:
+        # a step takes as long as its slower rank
+        times = [max(a, b) for a, b in zip(ranks[0]["times"][name], ranks[1]["times"][name])]
+        configs[name] = {
+            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "times_s": times, "loss": [r["losses"].get(name) for r in ranks],
+        }
+    losses = {n: c["loss"] for n, c in configs.items() if c["loss"][0] is not None}
+    ref = next(iter(losses.values()), None)
+    max_rel = 0.0
+    for vals in losses.values():
+        for a, b in zip(vals, ref):
+            max_rel = max(max_rel, abs(a - b) / max(abs(b), 1e-30))
+    summary: dict[str, Any] = {
+        "machine": r0["machine"], "model": r0["model"], "steps": args.steps, "warmup": args.warmup,
+        "smoke": args.smoke, "order": "round-robin: every timed step runs each configuration once, rotating "
+                                      "which goes first",
+        "configs": configs,
+        "losses_equal": bool(losses) and max_rel <= 1e-5,
+        "losses_bitwise_equal": all(v == ref for v in losses.values()),
+        "loss_max_rel_diff": max_rel,
+        "extra": r0.get("extra", {}),
+    }
+    med = {n: c["median_s"] for n, c in configs.items()}
+    if "compute_only" in med and "comm_only" in med:
+        summary["bound_s"] = max(med["compute_only"], med["comm_only"])
+    targets = {}
+    for ours_name in OURS:
+        if ours_name not in med:
+            continue
+        ours = med[ours_name]
+        checks = [("compiled", 0.8, "<= 0.8 x compiled without passes"),
+                  ("inductor_builtin", 1.0, "<= Inductor built-ins"),
+                  ("fsdp2_eager", 1.0, "<= FSDP2 eager"),
+                  ("bound", 1.15, "within 15% of the bound max(compute, comm)")]
+        for ref, limit, text in checks:
+            ref_value = summary.get("bound_s") if ref == "bound" else med.get(ref)
+            if ref_value:
+                targets[f"{ours_name}_vs_{ref}"] = {"what": f"{ours_name} {text}", "ratio": ours / ref_value,
+                                                    "limit": limit, "met": ours / ref_value <= limit}
+    summary["targets"] = targets
+    return summary
+
+
+def print_table(s: dict) -> None:
+    m = s["model"]
+    print(f"\nmodel: MLP, {m['layers']} layers, dim {m['dim']}, hidden {m['hidden']}, batch {m['batch']}"
+          f" per rank, {m['param_bytes'] / 2**20:.1f} MiB of fp32 parameters, reshard after forward "
+          f"{m['reshard_after_forward']}; {s['steps']} timed steps per configuration")
+    print(f"{'configuration':<18}{'median s':>10}{'min s':>9}{'max s':>9}  {'loss (rank 0)':>16}  {'loss (rank 1)':>16}")
+    for name, c in s["configs"].items():
+        l0, l1 = (f"{v:.9g}" if v is not None else "-" for v in c["loss"])
+        print(f"{name:<18}{c['median_s']:>10.3f}{c['min_s']:>9.3f}{c['max_s']:>9.3f}  {l0:>16}  {l1:>16}")
+    if "bound_s" in s:
+        print(f"{'bound max(compute, comm)':<27}{s['bound_s']:.3f} s")
+    print(f"losses equal across configurations: {s['losses_equal']} (bitwise: {s['losses_bitwise_equal']}, "
+          f"max relative difference {s['loss_max_rel_diff']:.2e})")
+    for t in s["targets"].values():
+        print(f"  {'MET   ' if t['met'] else 'MISSED'} {t['what']}: ratio {t['ratio']:.3f} (limit {t['limit']})")
+
+
+# ==================================================================================================
+# Rank: runs inside a namespace, one compute thread, gloo over the veth.
+# ==================================================================================================
+
+def rank_main(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    inductor_config.compile_threads = 1
+    params = json.loads(Path(args.params_json).read_text())
+    for key in ("layers", "dim", "hidden", "batch", "steps", "warmup", "memory_budget", "rate", "reshard"):
+        setattr(args, key, params[key])
+    args.config_list = params["config_list"]
+    rank = args.rank
+    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2, timeout=timedelta(seconds=900))
+    try:
+        out = _benchmark(args, rank)
+        Path(args.result_file).write_text(json.dumps(out))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _machine() -> dict:
+    import torch
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "os": platform.platform()}
+
+
+def _link_profile(rate: str, gflops: float) -> dict:
+    """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks)."""
+    units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+    text = rate.lower()
+    bits = None
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            bits = float(text[: -len(suffix)]) * factor
+            break
+    gbytes = (bits or 400e6) / 8 / 1e9
+    return {"base": "cpu-gloo", "intra_node_bw_gbps": gbytes, "inter_node_bw_per_nic_gbps": gbytes,
+            "tflops_float32": gflops / 1e3}
+
+
+def _measure_gflops() -> float:
+    import torch
+
+    a, b = torch.randn(512, 512), torch.randn(512, 512)
+    for _ in range(3):
+        a @ b
+    t0 = time.perf_counter()
+    n = 20
+    for _ in range(n):
+        a @ b
+    return 2 * 512**3 * n / (time.perf_counter() - t0) / 1e9
+
+
+class _Config:
+    def __init__(self, name: str, step: Callable[[], Any], context: Callable[[], Any]) -> None:
+        self.name, self.step, self.context = name, step, context
+
+
+def _benchmark(args: argparse.Namespace, rank: int) -> dict:
+    import contextlib
+
+    import torch
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_mlp
+
+    world = dist.get_world_size()
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch, args.dim, generator=gen)
+
+    def model_kwargs() -> dict:
+        return dict(n_layers=args.layers, dim=args.dim, hidden=args.hidden, seed=0)
+
+    # rank 0 measures the thread's speed; both ranks must plan with the same profile
+    box = [_measure_gflops() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    cluster = _link_profile(args.rate, box[0])
+    ours_options = dict(bucketing="auto", reorder=True, cluster=cluster, memory_budget=args.memory_budget)
+    manual_options = dict(ours_options, bucketing="manual", bucket_plan=[f"layers.[0-{args.layers - 1}]"])
+
+    no_passes = lambda: inductor_config.patch(  # noqa: E731
+        reorder_for_compute_comm_overlap=False, bucket_all_gathers_fx="none", bucket_reduce_scatters_fx="none")
+    builtin = lambda: inductor_config.patch(  # noqa: E731
+        reorder_for_compute_comm_overlap=True, reorder_for_compute_comm_overlap_passes=INDUCTOR_BUILTIN_PASSES,
+        bucket_all_gathers_fx="all", bucket_reduce_scatters_fx="all")
+
+    def ours() -> Any:
+        return fsdp_passes.enabled(**ours_options)
+
+    def ours_manual() -> Any:
+        return fsdp_passes.enabled(**manual_options)
+
+    def make_step(name: str, model: torch.nn.Module, compiled: bool) -> Callable[[], Any]:
+        def loss_fn(inp: torch.Tensor) -> torch.Tensor:
+            return model(inp).square().mean()
+
+        if compiled:
+            # Dynamo does not guard on Inductor's config, and with nn-module inlining it would serve the first
+            # configuration's graph to every model of the same structure: give each configuration its own code
+            # object (so its own Dynamo cache) and therefore its own compile under its own config.
+            loss_fn.__code__ = loss_fn.__code__.replace(co_name=f"loss_{name}")
+        fn = torch.compile(loss_fn) if compiled else loss_fn
+
+        def step() -> float:
+            for p in model.parameters():
+                p.grad = None
+            loss = fn(x)
+            loss.backward()
+            return loss.item()
+
+        return step
+
+    configs: list[_Config] = []
+    param_bytes = sum(p.numel() * 4 for p in build_mlp(fsdp=False, **model_kwargs()).parameters())
+    for name in args.config_list:
+        if name == "fsdp2_eager":
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            model = build_mlp(fsdp=False, **model_kwargs())
+            mesh = init_device_mesh("cpu", (world,))
+            for layer in model.layers:
+                fully_shard(layer, mesh=mesh, reshard_after_forward=args.reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=args.reshard)
+            configs.append(_Config(name, make_step(name, model, compiled=False), contextlib.nullcontext))
+        elif name in ("compiled", "inductor_builtin", *OURS):
+            model = build_mlp(reshard_after_forward=args.reshard, **model_kwargs())
+            context = {"compiled": no_passes, "inductor_builtin": builtin, "fsdp_passes": ours,
+                       "fsdp_passes_manual": ours_manual}[name]
+            configs.append(_Config(name, make_step(name, model, compiled=True), context))
+        elif name == "compute_only":
+            model = build_mlp(fsdp=False, **model_kwargs())
+            configs.append(_Config(name, make_step(name, model, compiled=True), no_passes))
+        elif name == "comm_only":
+            step = _comm_only_step(build_mlp(fsdp=False, **model_kwargs()), world, args.reshard)
+            configs.append(_Config(name, step, contextlib.nullcontext))
+
+    times: dict[str, list[float]] = {c.name: [] for c in configs}
+    losses: dict[str, float] = {}
+    compile_s: dict[str, float] = {}
+    from torch._dynamo.utils import counters
+
+    graphs: dict[str, int] = {}
+    pass_reports: dict[str, list[str]] = {}
+    for c in configs:  # warm-up (compiles) one configuration at a time
+        t0 = time.perf_counter()
+        before = counters["stats"]["unique_graphs"]
+        fsdp_passes.last_reports(clear=True)
+        for _ in range(args.warmup):
+            with c.context():
+                dist.barrier()
+                loss = c.step()
+        compile_s[c.name] = time.perf_counter() - t0
+        graphs[c.name] = counters["stats"]["unique_graphs"] - before
+        if c.name in OURS:
+            reports = fsdp_passes.last_reports()
+            pass_reports[c.name] = [r.one_line() for r in reports]
+            if not any(r.pass_name == "scheduler" for r in reports) or any(r.fallback for r in reports):
+                raise RuntimeError(f"{c.name}: the passes did not run (or fell back): {pass_reports[c.name]}")
+        if loss is not None:
+            losses[c.name] = loss
+        print(f"rank {rank}: {c.name} warmed up in {compile_s[c.name]:.1f} s, loss {loss}", flush=True)
+    for i in range(args.steps):
+        k = i % len(configs)
+        for c in configs[k:] + configs[:k]:  # round robin, rotating which configuration goes first
+            with c.context():
+                dist.barrier()
+                t0 = time.perf_counter()
+                loss = c.step()
+                times[c.name].append(time.perf_counter() - t0)
+            if loss is not None and loss != losses[c.name]:
+                raise RuntimeError(f"{c.name}: loss changed between steps ({losses[c.name]} -> {loss})")
+        if rank == 0:
+            print(f"step {i}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
+    extra: dict[str, Any] = {"warmup_s": compile_s, "dynamo_graphs_compiled": graphs, "thread_gflops": box[0],
+                             "fsdp_passes_options": ours_options, "fsdp_passes_manual_options": manual_options,
+                             "fsdp_passes_reports": pass_reports,
+                             "inductor_builtin_passes": INDUCTOR_BUILTIN_PASSES}
+    return {
+        "rank": rank, "times": times, "losses": losses, "machine": _machine(), "extra": extra,
+        "model": {"kind": "MLP (fsdp_passes.testing.build_mlp), fp32", "reshard_after_forward": args.reshard,
+                  "layers": args.layers, "dim": args.dim, "hidden": args.hidden, "batch": args.batch,
+                  "param_bytes": param_bytes, "loss": "mean(model(x)**2), forward + backward, no optimizer"},
+    }
+
+
+def _comm_only_step(full_model: Any, world: int, reshard: bool) -> Callable[[], None]:
+    """The collectives of one SimpleFSDP step, same sizes and order, no compute: forward all-gathers, then in
+    reverse layer order the backward re-gathers (when resharding after forward) and the gradient
+    reduce-scatters, all issued asynchronously and waited on at the end, so the link never idles for lack of
+    work."""
+    import torch
+    import torch.distributed as dist
+
+    shapes = [tuple(p.shape) for p in full_model.parameters()]
+    shards = [torch.randn(s[0] // world, *s[1:]) for s in shapes]
+    gathered = [torch.empty(s) for s in shapes]
+    grads = [torch.randn(s) for s in shapes]
+    grad_shards = [torch.empty(s[0] // world, *s[1:]) for s in shapes]
+    order = list(range(len(shapes)))
+
+    def step() -> None:
+        works = [dist.all_gather_into_tensor(gathered[i], shards[i], async_op=True) for i in order]
+        for i in reversed(order):
+            if reshard:
+                works.append(dist.all_gather_into_tensor(gathered[i], shards[i], async_op=True))
+            works.append(dist.reduce_scatter_tensor(grad_shards[i], grads[i], async_op=True))
+        for w in works:
+            w.wait()
+        return None
+
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rank is not None:
+        return rank_main(args)
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
