@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -84,6 +85,7 @@ class Options:
         return dataclasses.replace(base, **changes) if changes else base
 
 
+_NUMBER_RE = re.compile(r"^[0-9]*\.?[0-9]+$")  # finite, non-negative: no 'nan', 'inf' or signs
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -94,19 +96,23 @@ _SIZE_UNITS = {
 }
 
 
+_BUDGET_FORMS = "bytes (int), a size like '512MB' or '2GiB', or a percentage like '5%'"
+
+
 def parse_memory_budget(value: Union[int, str], baseline_peak: int) -> int:
-    if isinstance(value, bool):
-        raise ValueError(f"memory_budget={value!r}: expected bytes (int), a size like '2GB', or a percentage like '5%'")
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
     if isinstance(value, int):
         return value
     text = value.strip()
     if text.endswith("%"):
-        return int(float(text[:-1]) / 100.0 * baseline_peak)
+        number = text[:-1].strip()
+        if not _NUMBER_RE.match(number):
+            raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
+        return int(float(number) / 100.0 * baseline_peak)
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(
-            f"memory_budget={value!r}: expected bytes (int), a size like '512MB' or '2GiB', or a percentage like '5%'"
-        )
+        raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
@@ -129,7 +135,8 @@ def _validate(o: Options) -> None:
     if o.bucketing != "manual" and o.bucket_plan:
         _fail("bucketing", o.bucketing, "'manual' when a bucket_plan is given")
     if o.bucket_cap_mb is not None and (
-        isinstance(o.bucket_cap_mb, bool) or not isinstance(o.bucket_cap_mb, (int, float)) or o.bucket_cap_mb <= 0
+        isinstance(o.bucket_cap_mb, bool) or not isinstance(o.bucket_cap_mb, (int, float))
+        or not math.isfinite(o.bucket_cap_mb) or o.bucket_cap_mb <= 0
     ):
         _fail("bucket_cap_mb", o.bucket_cap_mb, "a positive number of MiB or None")
     for flag in ("bucket_non_fsdp", "reorder", "strict"):
@@ -152,10 +159,7 @@ def _validate(o: Options) -> None:
     if o.calibration is not None:
         if not isinstance(o.calibration, (str, os.PathLike)) or not os.path.isfile(o.calibration):
             _fail("calibration", o.calibration, "the path of an existing calibration JSON file")
-    try:
-        budget = parse_memory_budget(o.memory_budget, 1 << 30)
-    except ValueError:
-        raise
+    budget = parse_memory_budget(o.memory_budget, 1 << 30)
     if budget < 0:
         _fail("memory_budget", o.memory_budget, "a budget >= 0")
     if o.max_prefetch is not None and (

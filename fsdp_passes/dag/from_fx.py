@@ -24,6 +24,7 @@ _PASS_THROUGH = {
     "convert_element_type", "_to_copy", "view", "reshape", "_unsafe_view", "clone", "t", "permute",
     "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
     "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten",
+    "cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
 }
 
 
@@ -214,13 +215,14 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             node.alias_of = index.get(base)
             node.out_bytes = 0
         else:
-            try:
-                from ..cost_model.flops import aten_flops
+            from ..cost_model.flops import aten_flops, has_flop_formula
 
-                node.flops = aten_flops(fx_node.target, size_hinted(fx_values(fx_node.args)),
-                                        size_hinted(fx_values(fx_node.kwargs)), size_hinted(value))
-            except Exception:  # FLOPs are an estimate input; a node torch cannot count costs bytes only
-                node.flops = 0.0
+            if has_flop_formula(fx_node.target):  # most nodes have none: skip building their arguments
+                try:
+                    node.flops = aten_flops(fx_node.target, size_hinted(fx_values(fx_node.args)),
+                                            size_hinted(fx_values(fx_node.kwargs)), size_hinted(value))
+                except Exception:  # FLOPs are an estimate input; a node torch cannot count costs bytes only
+                    node.flops = 0.0
         for arg in inputs:
             if arg in index:
                 edges.append((index[arg], i))
