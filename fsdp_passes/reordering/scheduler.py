@@ -129,6 +129,9 @@ class ListScheduler:
         # (None: the search failed); the search is redone only once ``feeder_retry[c]`` says it may succeed
         self.feeders: dict[int, Optional[list[int]]] = {}
         self.feeder_retry: dict[int, tuple[int, int]] = {}  # c -> (node that blocked it or -1, order length)
+        # collectives not worth a hoist attempt until a node is placed: c -> (that node, or also when it is
+        # the chosen node?, or with node -1: until so many nodes are scheduled)
+        self.parked: dict[int, tuple[int, bool, int]] = {}
         self.due_ptr = 0
         self.fence_ptr = 0
         self.front_ptr = 0
@@ -516,9 +519,34 @@ class ListScheduler:
                 if self.unmet[c] and s.fsdp[c] and not s.fence[c] and c <= fence:
                     heads.append(c)
         heads.sort()
+        scheduled = self.scheduled
+        parked = self.parked
+        feeders = self.feeders
         for c in heads:
-            if self._beyond_horizon(c, x):
-                continue  # the normal state of a collective more than one ahead: not recorded as a gate
+            if c in parked:
+                # nothing can change until this node is placed (or, for the horizon, is about to run)
+                node, at_x, until = parked[c]
+                if node >= 0:
+                    if not scheduled[node] and not (at_x and node == x):
+                        continue
+                elif len(self.order) < until:
+                    continue
+                del parked[c]
+            found = feeders.get(c)
+            if found:
+                # fast path for chains, where the frontier is the first feeder step after step
+                k = 0
+                while k < len(found) and scheduled[found[k]]:
+                    k += 1
+                if k:
+                    found = feeders[c] = found[k:]
+                if found and found[0] == f:
+                    parked[c] = (f, False, 0)
+                    continue
+            u = self._beyond_horizon(c, x)
+            if u >= 0:
+                parked[c] = (u, True, 0)  # the normal state of a collective more than one ahead: no gate
+                continue
             why = self._hoist(c, f, x)
             if not why:
                 return True
@@ -526,12 +554,13 @@ class ListScheduler:
                 self.gate[c] = why
         return False
 
-    def _beyond_horizon(self, c: int, x: int) -> bool:
+    def _beyond_horizon(self, c: int, x: int) -> int:
         """Hoisting moves compute, so it looks one collective ahead only: the feeders of ``c`` may be hoisted
         once the compute has started consuming the previous collective of the same op in its group (its
         first consumer has run or is ``x``, about to run), i.e. during the block before ``c``'s.  Collectives
         nobody consumes (gradient reductions whose result is a graph output) are skipped when looking back
-        (at most ``HORIZON_LOOKBACK`` of them)."""
+        (at most ``HORIZON_LOOKBACK`` of them).  Returns the consumer still to come, or -1 when ``c`` is
+        within the horizon."""
         s = self.s
         seq = s.seq[s.group[c]]
         op = s.coll_op[c]
@@ -545,12 +574,14 @@ class ListScheduler:
             u = s.first_use[p]
             if u < 0:
                 continue
-            return not (self.scheduled[u] or u == x)
-        return False
+            return -1 if self.scheduled[u] or u == x else u
+        return -1
 
     def _feeders_of(self, c: int) -> Optional[list[int]]:
         """The unscheduled ancestors of collective ``c``, ascending, if they are all compute nodes (so that
-        they can run now, in id order) and at most ``MAX_FEEDERS``; None otherwise.
+        they can run now, in id order) and at most ``MAX_FEEDERS``; None otherwise.  Only a leading run of
+        scheduled nodes is dropped here: the caller filters the rest (``_hoist`` does so only past its cheap
+        checks, since on a chain the frontier is usually the first feeder and this runs every step).
 
         Unscheduled ancestors only get fewer as the pass goes on, so a successful search is kept and
         filtered; a failed one is redone only once the node that stopped it (a wait or collective not yet
@@ -560,8 +591,11 @@ class ListScheduler:
         if c in self.feeders:
             found = self.feeders[c]
             if found is not None:
-                if any(scheduled[y] for y in found):
-                    found = [y for y in found if not scheduled[y]]
+                k = 0
+                while k < len(found) and scheduled[found[k]]:
+                    k += 1
+                if k:
+                    found = found[k:]
                     self.feeders[c] = found
                 return found
             blocker, at = self.feeder_retry[c]
@@ -600,11 +634,27 @@ class ListScheduler:
         s = self.s
         fs = self._feeders_of(c)
         if not fs:
+            if fs is None:
+                blocker, at = self.feeder_retry[c]
+                self.parked[c] = (blocker, False, at + MAX_FEEDERS)
             return "-"
-        if fs[0] == f or x in fs:
-            return "-"  # it needs the compute about to run anyway: it becomes an ordinary candidate
+        if fs[0] == f:
+            # it needs the frontier anyway: nothing to hoist until that has run
+            self.parked[c] = (f, False, 0)
+            return "-"
+        scheduled = self.scheduled
+        fs = [y for y in fs if not scheduled[y]]
+        self.feeders[c] = fs
+        if x in fs:
+            self.parked[c] = (x, False, 0)  # it needs the chosen node: an ordinary candidate once that ran
+            return "-"
         n_f = len(fs)
         what = f"hoisting its {n_f} feeder(s)"
+        for v in s.succs[x]:
+            if s.kind[v] == COLLECTIVE and self.unmet[v] == 1:
+                # the chosen node is the last input of another collective: hoisting would delay that one
+                self.parked[c] = (x, False, 0)
+                return f"{what} would delay {s.names[v]}, whose last input {s.names[x]} is about to run"
         if self._delays_non_fsdp(f, fs[-1]):
             return f"{what} would issue a collective that is not FSDP-like later relative to compute"
         dur = self.dur
