@@ -234,6 +234,7 @@ def launch(args: argparse.Namespace) -> int:
         summary = summarize(args, ranks)
         summary["command"] = " ".join(["python", "benchmarks/emulated_cluster.py", *sys.argv[1:]])
         summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
+        summary["git"] = _git_describe()
         print_table(summary)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -246,6 +247,11 @@ def launch(args: argparse.Namespace) -> int:
         for s, h in previous.items():
             signal.signal(s, h)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _git_describe() -> str | None:
+    r = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True)
+    return r.stdout.strip() or None if r.returncode == 0 else None
 
 
 def _print_tail(logs: list[Path]) -> None:
