@@ -130,3 +130,22 @@ def test_graph_inputs_are_resident_bytes_in_both_builders(mlp_captures):
                        for n in gm.graph.nodes if n.op == "placeholder")
         assert f_dag.resident_bytes == s_dag.resident_bytes == expected > 0
     assert Options(memory_budget="10%").memory_budget_bytes(1000, resident_bytes=9000) == 1000
+
+
+def test_out_variant_collectives_are_priced_by_their_payload(fake_pg, fresh_inductor):
+    """Inductor's own bucketing emits all_gather_into_tensor_out (no output buffer of its own): the
+    scheduler DAG still charges the gathered bytes."""
+    import torch._inductor.config as ic
+
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+
+    model = build_mlp(n_layers=2, dim=32, reshard_after_forward=False)
+    with ic.patch(bucket_all_gathers_fx="all"):
+        caps = capture_scheduler_nodes(model, *example_inputs(model))
+    cap = caps[0]
+    with cap.graph_context():
+        dag = dag_from_scheduler_nodes(cap.before)
+    gathers = [dag[i] for i in dag.collectives() if dag[i].collective is CollectiveOp.ALL_GATHER]
+    assert gathers and any("_out" in g.op for g in gathers)
+    shard_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(g.comm_bytes for g in gathers) == shard_bytes * 8

@@ -130,8 +130,13 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
         edges.extend((src, i) for src in sorted(deps))
         if kind is NodeKind.COLLECTIVE:
             inputs = [t for t in getattr(ir_node, "inputs", ()) if hasattr(t, "layout")]
-            fill_collective(node, op, getattr(ir_node, "constant_args", ()) or (),
-                            sum(_layout_bytes(t) for t in inputs), out_bytes)
+            payload_in = _layout_bytes(inputs[0]) if inputs else 0
+            payload_out = out_bytes
+            if not payload_out and len(inputs) > 1:
+                # an out-variant (e.g. all_gather_into_tensor_out, as Inductor's own bucketing emits) writes
+                # into its last input instead of allocating an output
+                payload_out = _layout_bytes(inputs[-1])
+            fill_collective(node, op, getattr(ir_node, "constant_args", ()) or (), payload_in, payload_out)
         elif kind is NodeKind.WAIT:
             mutated = [m for b in buffers for m in b.get_mutations()]
             target = next((producer[m] for m in mutated if m in producer), None)
