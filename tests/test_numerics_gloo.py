@@ -9,7 +9,7 @@ CONFIGS = {
     "compiled": None,
     "reorder_only": {"bucketing": "none", "reorder": True},
     "auto": {"bucketing": "auto", "reorder": True, "memory_budget": "50%"},
-    "manual": {"bucketing": "manual", "bucket_plan": ["layers.[0-2]"], "reorder": True},
+    "manual": {"bucketing": "manual", "bucket_plan": ["layers.[0-2]"], "reorder": True, "memory_budget": "100%"},
 }
 
 
@@ -45,6 +45,7 @@ def _step(rank: int, world_size: int) -> dict:
             "loss": loss.detach(),
             "grads": {n: p.grad.detach().clone() for n, p in model.named_parameters()},
             "collectives": [(r.graph, r.pass_name, r.n_collectives_before, r.n_collectives_after) for r in reports],
+            "gathers_moved": sum(r.extra.get("bucketing", {}).get("gathers_ahead_of_reductions", 0) for r in reports),
         }
     # compare here and return plain values: tensors do not survive the trip out of a finished process
     eager = out["eager"]
@@ -60,6 +61,7 @@ def _step(rank: int, world_size: int) -> dict:
                 torch.equal(got["grads"][p], out["compiled"]["grads"][p]) for p in eager["grads"]
             ),
             "collectives": got["collectives"],
+            "gathers_moved": got["gathers_moved"],
         }
     return summary
 
@@ -78,3 +80,4 @@ def test_passes_match_eager_and_unplanned_compile_on_gloo():
             fx = [c for c in res[name]["collectives"] if c[1] == "fx"]
             assert fx and all(after < before for _, _, before, after in fx), (name, fx)
         assert any(c[1] == "scheduler" for c in res["reorder_only"]["collectives"])
+        assert res["manual"]["gathers_moved"] > 0  # the backward re-gathers went ahead of reductions

@@ -19,6 +19,7 @@ from ..options import Options
 from .auto import plan_auto
 from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
 from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
+from .placement import issue_gathers_before_reductions
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
 
 __all__ = [
@@ -86,6 +87,7 @@ class BucketingResult:
             "unbucketed": dict(self.unbucketed),
             "unmatched_entries": list(self.unmatched_entries),
             "collectives": list(self.collectives),
+            "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
         }
 
 
@@ -171,6 +173,10 @@ def bucket_graph(
             stacklevel=2,
         )
     stats = apply_buckets(graph, dag, plan.buckets)
+    if options.reorder:
+        placed = _place_gathers(g, dag, options, baseline_peak)
+        if placed is not None:
+            stats.gathers_ahead_of_reductions, after = placed
     result = BucketingResult(
         mode=options.bucketing,
         buckets=plan.buckets,
@@ -183,6 +189,28 @@ def bucket_graph(
     )
     result.report = _report(result, dag, g, options, cost_model, graph_name, after)
     return result
+
+
+def _place_gathers(g: fx.Graph, original: Dag, options: Options,
+                   baseline_peak: int | None) -> tuple[int, Dag] | None:
+    """Let backward re-gathers go ahead of the reductions before them (``placement.py``), if the graph's
+    simulated peak stays within the memory budget of the original graph; else leave the order as it was.
+    Returns (gathers moved, DAG of the result), or None when nothing moved."""
+    from ..simulate.memory import peak_memory
+
+    order = list(g.nodes)
+    moved = issue_gathers_before_reductions(g, dag_from_fx(g))
+    if not moved:
+        return None
+    base = peak_memory(original, list(range(len(original)))) if baseline_peak is None else baseline_peak
+    after = dag_from_fx(g)
+    if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
+        return moved, after
+    anchor = g._root  # over budget: put every node back where it was
+    for node in order:
+        anchor.append(node)
+        anchor = node
+    return None
 
 
 def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any,
@@ -252,7 +280,7 @@ def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options,
                          n_collectives_after=result.n_collectives_after, options=options.to_json())
     report.extra["bucketing"] = result.to_json()
     if after is None:
-        after = dag_from_fx(g) if result.merged else before
+        after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         fill_schedule_numbers(

@@ -54,6 +54,7 @@ class RewriteStats:
     n_nodes_added: int = 0
     collectives: list[str] = field(default_factory=list)  # names of the merged collectives, one per bucket
     moved_inputs: int = 0  # nodes hoisted so that an input is ready before the first consumer
+    gathers_ahead_of_reductions: int = 0  # all-gathers issued before the reductions preceding them (placement)
 
 
 def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[Bucket], *,

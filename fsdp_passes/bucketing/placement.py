@@ -1,0 +1,83 @@
+"""Issue order inside a process group: let a backward re-gather go ahead of the reduction before it.
+
+A backward graph with reshard-after-forward runs, per block ``i`` from the last: gather(i), compute(i),
+reduce-scatter(i), gather(i-1), compute(i-1), ...  The reordering pass keeps each group's collective order
+(every rank must issue the same sequence), so gather(i-1) can never be issued before reduce-scatter(i), whose
+input exists only after compute(i): the gather cannot overlap compute(i) and is exposed in full.
+
+This rewrite moves the run of reductions (reduce-scatters, all-reduces) that immediately precedes an FSDP
+all-gather in its group, with the nodes between them that use the reductions' results, to just after that
+all-gather.  The sequence becomes gather(i), gather(i-1), reduce-scatter(i), ...: in the rewritten graph
+order nothing is issued earlier than before (the reductions are issued a little later, right after the
+gather), so the baseline memory does not grow; the reordering pass may then prefetch gather(i-1) under
+compute(i) when its memory budget allows, and issues reduce-scatter(i) right behind it.
+
+It is a pure function of the graph, so every rank makes the same change; an all-gather never passes another
+all-gather and reductions keep their order among themselves.  The ``collective_fingerprint`` in the dumps
+records the resulting sequence.
+"""
+
+from __future__ import annotations
+
+import torch.fx as fx
+
+from ..dag.graph import CollectiveOp, Dag
+
+#: a run of reductions is moved only with at most this many nodes (the reductions, waits, casts, views)
+MAX_MOVED = 64
+
+_REDUCTIONS = (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+
+
+def _users_before(starts: list[fx.Node], stop: fx.Node, position: dict[fx.Node, int]) -> list[fx.Node] | None:
+    """``starts`` and every node positioned before ``stop`` that (transitively) uses one of them, in graph
+    order; None if ``stop`` is among them or they are too many."""
+    limit = position[stop]
+    found = set(starts)
+    stack = list(starts)
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user in found or position.get(user, limit) >= limit:
+                if user is stop:
+                    return None
+                continue
+            if user.op != "call_function" or len(found) >= MAX_MOVED:
+                return None
+            found.add(user)
+            stack.append(user)
+    return sorted(found, key=position.__getitem__)
+
+
+def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag) -> int:
+    """Move each run of reductions that precedes an FSDP all-gather in its group to just after the gather.
+
+    ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many all-gathers now go ahead of
+    reductions that used to precede them.
+    """
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    moved = 0
+    for seq in dag.group_sequences().values():
+        for k in range(1, len(seq)):
+            gather = dag.nodes[seq[k]]
+            if gather.collective is not CollectiveOp.ALL_GATHER or not gather.fsdp:
+                continue
+            first = k
+            while first > 0 and dag.nodes[seq[first - 1]].collective in _REDUCTIONS:
+                first -= 1
+            if first == k:
+                continue
+            reductions = [dag.nodes[i].origin for i in seq[first:k]]
+            nodes = _users_before(reductions, gather.origin, position)
+            if nodes is None:
+                continue
+            anchor: fx.Node = gather.origin
+            for node in nodes:
+                anchor.append(node)
+                anchor = node
+            moved += 1
+            position = {n: i for i, n in enumerate(graph.nodes)}
+    return moved
+
+
+__all__ = ["issue_gathers_before_reductions", "MAX_MOVED"]
