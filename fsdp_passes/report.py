@@ -85,6 +85,11 @@ def record(report: GraphReport) -> None:
     del _REPORTS[:-_MAX_REPORTS]
 
 
+def find_report(graph: str, pass_name: str) -> GraphReport | None:
+    """The newest kept report of ``pass_name`` for ``graph``, if any."""
+    return next((r for r in reversed(_REPORTS) if r.graph == graph and r.pass_name == pass_name), None)
+
+
 def last_reports(clear: bool = False) -> list[GraphReport]:
     """Reports of the graphs compiled with the passes in this process, oldest first (at most 256 kept)."""
     out = list(_REPORTS)

@@ -7,7 +7,7 @@ import time
 from typing import Any, Sequence
 
 from ..options import Options
-from ..report import GraphReport, fill_schedule_numbers, record
+from ..report import GraphReport, fill_schedule_numbers, find_report, record
 from .hooks import injected
 from .scheduler_adapter import dag_from_scheduler_nodes
 
@@ -41,12 +41,17 @@ def reorder_scheduler_nodes(
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
     if options.reorder:
         baseline_peak = peak_memory(dag, identity)
-        result = plan_order(
-            dag,
-            durations,
-            memory_budget_bytes=options.memory_budget_bytes(baseline_peak, dag.resident_bytes),
-            max_prefetch=options.max_prefetch,
-        )
+        budget = options.memory_budget_bytes(baseline_peak, dag.resident_bytes)
+        report.extra["memory_budget_total_bytes"] = budget
+        # one budget for the whole graph: what the FX pass (bucketing, placement) already added to the peak
+        # is not available to reordering any more
+        fx_report = find_report(graph_name, "fx")
+        if fx_report is not None and fx_report.fallback is None:
+            used = max(0, fx_report.peak_memory_bytes_after - fx_report.peak_memory_bytes_before)
+            budget = max(0, budget - used)
+            report.extra["memory_budget_used_by_fx_pass"] = used
+        report.extra["memory_budget_bytes"] = budget
+        result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
         order = list(result.order)
         report.collectives_moved = result.moved
         report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
