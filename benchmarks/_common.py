@@ -22,7 +22,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 import torch.nn as nn
@@ -96,17 +96,9 @@ class _NothingRuns(Exception):
 
 
 def _find(exc: BaseException, kind: type) -> bool:
-    seen: set[int] = set()
-    todo: list[Any] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        if isinstance(e, kind):
-            return True
-        todo.extend([getattr(e, "inner_exception", None), e.__cause__, e.__context__])
-    return False
+    from fsdp_passes.inductor.capture import find_in_chain
+
+    return find_in_chain(exc, kind) is not None
 
 
 @dataclasses.dataclass

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from fsdp_passes.testing import example_inputs, run_on_gloo
 

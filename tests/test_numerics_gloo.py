@@ -1,7 +1,6 @@
 """On a real 2-rank gloo group the compiled SimpleFSDP model with the passes matches eager and the
 unplanned compiled model: loss bitwise, gradients within 1e-6 relative (bitwise in fp32 across planners)."""
 
-import torch
 
 from fsdp_passes.testing import build_mlp, run_on_gloo
 
@@ -78,6 +77,8 @@ def test_passes_match_eager_and_unplanned_compile_on_gloo():
         # the passes really ran: bucketing cut the collective count in the FX pass
         for name in ("auto", "manual"):
             fx = [c for c in res[name]["collectives"] if c[1] == "fx"]
-            assert fx and all(after < before for _, _, before, after in fx), (name, fx)
+            # both graphs went through the FX pass; bucketing merged collectives in at least one of them
+            # (auto may keep a graph unmerged when its simulation says merging does not pay)
+            assert len(fx) == 2 and any(after < before for _, _, before, after in fx), (name, fx)
         assert any(c[1] == "scheduler" for c in res["reorder_only"]["collectives"])
         assert res["manual"]["gathers_moved"] > 0  # the backward re-gathers went ahead of reductions

@@ -122,7 +122,9 @@ def _copy_graph_module(gm: fx.GraphModule) -> fx.GraphModule:
     return new
 
 
-def _find_stop(exc: BaseException) -> Optional[_StopCompile]:
+def find_in_chain(exc: BaseException, kind: type[BaseException]) -> Optional[BaseException]:
+    """The first exception of type ``kind`` in ``exc``'s chain (Inductor wraps errors: ``InductorError
+    .inner_exception``, ``__cause__``, ``__context__``), or None."""
     seen: set[int] = set()
     todo: list[Optional[BaseException]] = [exc]
     while todo:
@@ -130,7 +132,7 @@ def _find_stop(exc: BaseException) -> Optional[_StopCompile]:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, _StopCompile):
+        if isinstance(e, kind):
             return e
         todo.extend([getattr(e, "inner_exception", None), e.__cause__, e.__context__])
     return None
@@ -159,7 +161,7 @@ def _make_backend(session: _Session) -> Callable[..., Any]:
         try:
             return compile_fx_inner(gm, example_inputs, **kwargs)
         except BaseException as e:  # noqa: BLE001 - re-raised unless it is our stop signal
-            if _find_stop(e) is None:
+            if find_in_chain(e, _StopCompile) is None:
                 raise
         return _eager_runner(fallback)
 

@@ -6,9 +6,9 @@ scheduling loop never walks dicts or sets of names.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
+from ..simulate.timeline import check_durations
 from ..dag.graph import CollectiveOp, Dag, NodeKind
 
 #: scheduler classes of a node
@@ -26,14 +26,7 @@ def as_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
     A collective's duration is its time on its process group's stream; every other node's duration is its
     time on the compute stream (a wait's own duration comes after it stops blocking, normally 0).
     """
-    n = len(dag.nodes)
-    if len(durations) != n:
-        raise ValueError(f"{len(durations)} durations for {n} nodes")
-    out = [float(d) for d in durations]
-    for i, d in enumerate(out):
-        if not (d >= 0.0 and math.isfinite(d)):
-            raise ValueError(f"duration of {dag.nodes[i].name} is {d}, not a finite non-negative number")
-    return out
+    return check_durations(dag, durations)
 
 
 class Structure:

@@ -98,7 +98,8 @@ def check_order(dag: Dag, order: Sequence[int]) -> None:
         raise ValueError("invalid order: " + "; ".join(problems))
 
 
-def _check_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
+def check_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
+    """One finite, non-negative duration (ms) per node id, as floats; ValueError naming the node otherwise."""
     if len(durations) != len(dag.nodes):
         raise ValueError(f"{len(durations)} durations for {len(dag.nodes)} nodes")
     dur = [float(d) for d in durations]
@@ -115,7 +116,7 @@ def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Time
     a process group's collectives (every rank must issue the same sequence).
     """
     check_order(dag, order)
-    dur = _check_durations(dag, durations)
+    dur = check_durations(dag, durations)
     nodes = dag.nodes
     n = len(nodes)
     kind = [_KIND_CODE[node.kind] for node in nodes]

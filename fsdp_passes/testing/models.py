@@ -19,9 +19,8 @@ for the data-parallel mean.
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
