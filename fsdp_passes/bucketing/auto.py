@@ -143,6 +143,20 @@ class _Open:
         self.tainted = {c}
         self.scanned = c
 
+    def add(self, j: int, bj: int, rj: float, uj: float) -> None:
+        """Take collective ``j`` (payload ``bj``, ready at ``rj``, first used at ``uj``) into the bucket."""
+        self.members.append(j)
+        self.bytes += bj
+        self.ready = max(self.ready, rj)
+        if uj < self.use:
+            self.use, self.bytes_at_min_use = uj, bj
+        elif uj == self.use:
+            self.bytes_at_min_use += bj
+        if rj > self.max_ready:
+            self.max_ready, self.bytes_at_max_ready = rj, bj
+        elif rj == self.max_ready:
+            self.bytes_at_max_ready += bj
+
     def extra_bytes(self, op: CollectiveOp, group_size: int, add: tuple[int, float, float] | None = None) -> int:
         total, at_min, at_max = self.bytes, self.bytes_at_min_use, self.bytes_at_max_ready
         use, max_ready = self.use, self.max_ready
@@ -227,17 +241,7 @@ def _plan_sequence(dag: Dag, seq: list[int], ready: list[float], first_use: list
             close(reason)
             cur = _Open(dag, j, rj, uj)
             continue
-        cur.members.append(j)
-        cur.bytes += bj
-        cur.ready = max(cur.ready, rj)
-        if uj < cur.use:
-            cur.use, cur.bytes_at_min_use = uj, bj
-        elif uj == cur.use:
-            cur.bytes_at_min_use += bj
-        if rj > cur.max_ready:
-            cur.max_ready, cur.bytes_at_max_ready = rj, bj
-        elif rj == cur.max_ready:
-            cur.bytes_at_max_ready += bj
+        cur.add(j, bj, rj, uj)
         tainted.add(j)
     close("end")
     return out
