@@ -19,7 +19,7 @@ from ..options import Options
 from .auto import plan_auto
 from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
 from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
-from .placement import issue_gathers_before_reductions
+from .placement import issue_gathers_before_reductions, renumbered
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
 
 __all__ = [
@@ -58,6 +58,7 @@ class BucketingResult:
     unmatched_entries: list[str] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     rewrite: RewriteStats | None = None
+    choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their simulated scores)
     report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
 
     @property
@@ -69,6 +70,8 @@ class BucketingResult:
             f"bucketing={self.mode}: {self.n_collectives_before} -> {self.n_collectives_after} collectives "
             f"({len(self.merged)} merged buckets)"
         ]
+        if self.choice is not None:
+            lines.append("  " + _describe_choice(self.choice))
         for b in self.merged:
             lines.append(
                 f"  {b.op.value} pg={b.group_name} {b.dtype} x{len(b)} {b.comm_bytes} B [{b.label}] "
@@ -88,6 +91,7 @@ class BucketingResult:
             "unmatched_entries": list(self.unmatched_entries),
             "collectives": list(self.collectives),
             "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
+            **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
         }
 
 
@@ -162,8 +166,14 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
+    choice = None
     if options.bucketing == "auto":
-        plan, after = _plan_auto_within_budget(g, dag, options, cost_model, baseline_peak)
+        from ..simulate.memory import peak_memory
+        from .choice import choose_auto_plan
+
+        base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
+        choice = choose_auto_plan(g, dag, options, cost_model, base_peak, param_fqns=param_fqns)
+        plan, after = choice.plan, choice.after
     else:
         plan, after = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns), None
     if plan.unmatched_entries:
@@ -186,6 +196,7 @@ def bucket_graph(
         unmatched_entries=list(plan.unmatched_entries),
         collectives=list(stats.collectives),
         rewrite=stats,
+        choice=choice,
     )
     result.report = _report(result, dag, g, options, cost_model, graph_name, after)
     return result
@@ -199,11 +210,12 @@ def _place_gathers(g: fx.Graph, original: Dag, options: Options,
     from ..simulate.memory import peak_memory
 
     order = list(g.nodes)
-    moved = issue_gathers_before_reductions(g, dag_from_fx(g))
+    before = dag_from_fx(g)
+    moved = issue_gathers_before_reductions(g, before)
     if not moved:
         return None
     base = peak_memory(original, list(range(len(original)))) if baseline_peak is None else baseline_peak
-    after = dag_from_fx(g)
+    after = renumbered(before, g) or dag_from_fx(g)
     if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
         return moved, after
     anchor = g._root  # over budget: put every node back where it was
@@ -213,14 +225,16 @@ def _place_gathers(g: fx.Graph, original: Dag, options: Options,
     return None
 
 
-def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any,
-                             baseline_peak: int | None, max_rounds: int = 4) -> tuple[BucketPlanResult, Dag | None]:
+def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any, baseline_peak: int | None,
+                             max_rounds: int = 4) -> tuple[BucketPlanResult, Dag | None, float, fx.Graph | None]:
     """Auto plan whose rewritten graph stays within the memory budget on the simulator's memory model.
 
     The planner's per-bucket memory estimate ignores buckets live at the same time (a gradient bucket while
     re-gathered parameters are held), so the plan is applied to a scratch copy of the graph, its peak
-    simulated, and the plan redone with a proportionally smaller budget while it overshoots.  Returns the plan
-    and the DAG of the rewritten copy (equal to what the real rewrite gives).
+    simulated, and the plan redone with a proportionally smaller budget while it overshoots.  Returns the plan,
+    the DAG of the rewritten copy (equal to what the real rewrite gives), the budget scale the plan was made
+    with, and the rewritten copy itself (DAG and copy are None when nothing is merged).  This is the "greedy"
+    candidate of ``choice.choose_auto_plan``.
     """
     from ..simulate.memory import peak_memory
 
@@ -230,13 +244,13 @@ def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model
     plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak)
     for _ in range(max_rounds):
         if not any(len(b) > 1 for b in plan.buckets):
-            return plan, None
+            return plan, None, scale, None
         trial, trial_dag = _scratch_copy(g, dag)
         apply_buckets(trial, trial_dag, plan.buckets)
         after = dag_from_fx(trial)
         increase = peak_memory(after, list(range(len(after)))) - base_peak
         if increase <= budget:
-            return plan, after
+            return plan, after, scale, trial
         scale *= max(0.0, budget / increase) * 0.9
         plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak, budget_scale=scale)
     if any(len(b) > 1 for b in plan.buckets):  # still over after the last round: do not merge at all
@@ -246,7 +260,23 @@ def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model
         plan.buckets = [
             _single(dag, m, b.label) for b in plan.buckets for m in b.members
         ]
-    return plan, None
+    return plan, None, 0.0, None
+
+
+def _describe_choice(choice: Any) -> str:
+    if not choice.scored:
+        return f"auto chose {choice.chosen}: {choice.note}"
+    parts = []
+    for c in choice.candidates:
+        if c.skipped:
+            parts.append(f"{c.name} skipped ({c.skipped})")
+        elif c.same_as:
+            parts.append(f"{c.name}=={c.same_as}")
+        elif c.rejected:
+            parts.append(f"{c.name} rejected ({c.rejected})")
+        else:
+            parts.append(f"{c.name} {c.makespan_ms:.4g} ms / exposed {c.exposed_ms:.4g} ms / {c.n_collectives} coll")
+    return f"auto chose {choice.chosen} of: " + "; ".join(parts)
 
 
 def _single(dag: Dag, m: int, label: str) -> Bucket:
