@@ -191,6 +191,7 @@ def launch(args: argparse.Namespace) -> int:
     cache_dir = args.cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/tmp/fsdp_passes_bench_inductor"
     work = Path(tempfile.mkdtemp(prefix="emulated_cluster_"))
     cluster = Cluster(args.prefix, args.rate)
+    load_start = os.getloadavg()
 
     def on_signal(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
@@ -235,6 +236,7 @@ def launch(args: argparse.Namespace) -> int:
         summary["command"] = " ".join(["python", "benchmarks/emulated_cluster.py", *sys.argv[1:]])
         summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
         summary["git"] = _git_describe()
+        summary["load_avg_start"], summary["load_avg_end"] = load_start, os.getloadavg()
         print_table(summary)
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(json.dumps(summary, indent=2) + "\n")

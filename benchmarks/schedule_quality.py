@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import functools
 import hashlib
+import os
 import sys
 import time
 import traceback
@@ -272,8 +273,11 @@ def targets(results: dict[str, dict], memory_budget_frac: float) -> list[dict[st
                 "met": te["exposed_comm_ms"] <= lb_exposed + slack + 1e-9,
                 "value_ms": te["exposed_comm_ms"], "limit_ms": lb_exposed + slack,
                 "detail": f"lower bound {lb_exposed:.3f} ms + 5% of step {slack:.3f} ms"})
+    # peers whose compute the adapter sees (>= 0.9x config a's); the others' times are not comparable
+    base = a["total"]["compute_ms"]
     peers = {k: results[k]["total"]["exposed_comm_ms"] for k in ("b", "c", "d")
-             if results.get(k) and not results[k].get("error")}
+             if results.get(k) and not results[k].get("error")
+             and results[k]["total"]["compute_ms"] >= 0.9 * base}
     if peers:
         best_key = min(peers, key=peers.get)
         out.append({"target": "ours-auto exposed <= 0.5 x best of b-d",
@@ -349,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     doc: dict[str, Any] = {"benchmark": "schedule_quality", "machine": C.machine(), "argv": sys.argv[1:],
                            "model": {**dataclasses_asdict(d), "params": d.params(),
                                      "sharding": "simple_fsdp, reshard_after_forward, bf16 params, fp32 grad RS"},
-                           "cluster": a.cluster, "memory_budget": a.memory_budget, "configs": CONFIGS, "runs": []}
+                           "cluster": a.cluster, "memory_budget": a.memory_budget, "configs": CONFIGS,
+                           "load_avg_start": os.getloadavg(), "runs": []}
     for world in a.world_sizes:
         with fake_process_group(world_size=world), C.quiet_warnings():
             model = C.build_sharded_llama(d, reshard_after_forward=True, param_dtype=torch.bfloat16,
@@ -385,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"{t['value_ms']:.3f} ms vs limit {t['limit_ms']:.3f} ms; " if "value_ms" in t else "")
                   + str(t.get("detail", "")))
         doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "results": results, "targets": tg})
+        doc["load_avg_end"] = os.getloadavg()
         C.write_json(out_path, doc)
     print(f"\nwrote {out_path}")
     return 0
