@@ -154,36 +154,12 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
     from fsdp_passes.simulate import simulate
 
     dag = dag_from_scheduler_nodes(nodes)  # inside the graph's lowering: graph outputs are known
-    fix_out_variant_payloads(dag)
     durations = cost_model.estimate(dag)
     tl = simulate(dag, list(range(len(dag))), durations)
     return GraphScore(graph=name, n_nodes=len(dag), n_collectives=len(dag.collectives()),
                       exposed_comm_ms=tl.exposed_total, makespan_ms=tl.makespan, lower_bound_ms=tl.lower_bound,
                       compute_ms=tl.compute_busy, comm_ms=tl.comm_total, peak_memory_bytes=tl.peak_memory,
                       sched_pass_s=sched_s, to_scheduler_s=to_sched_s)
-
-
-def fix_out_variant_payloads(dag: Any) -> int:
-    """Give out-variant collectives their payload; returns how many were fixed.
-
-    Inductor's own bucketing emits ``all_gather_into_tensor_out(shard, ..., out=buffer)``, whose IR node has a
-    ``NoneLayout``; ``dag_from_scheduler_nodes`` then prices the all-gather at 0 bytes (free).  Score it as
-    what it moves: the ``out`` buffer (the gathered size), or the input times the group size.
-    """
-    from fsdp_passes.dag.graph import CollectiveOp
-    from fsdp_passes.inductor.scheduler_adapter import _layout_bytes
-
-    fixed = 0
-    for node in dag.nodes:
-        if node.collective is not CollectiveOp.ALL_GATHER or node.comm_bytes:
-            continue
-        ir = getattr(node.origin, "node", None)
-        ins = [_layout_bytes(i) for i in getattr(ir, "inputs", ()) if hasattr(i, "layout")]
-        if not ins:
-            continue
-        node.comm_bytes = max(ins[-1] if len(ins) > 1 else 0, ins[0] * (node.group_size or 1))
-        fixed += 1
-    return fixed
 
 
 def capture_to_scheduler(model: nn.Module, args: tuple, recorder: Recorder,
