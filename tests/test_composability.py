@@ -205,6 +205,7 @@ def test_tp_collectives_never_delayed_by_reordering(tp_setup):
             if dag.nodes[i].group_name == s["tp"]:
                 n_tp += 1
                 assert not dag.nodes[i].fsdp
+                assert dag.nodes[i].dtype == "float32"  # in-place all_reduce_: dtype from its input
                 assert after[i] <= before[i], f"{dag.nodes[i].name} issued later relative to compute"
     assert n_tp >= 3  # two forward all-reduces, one backward
 

@@ -137,6 +137,8 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
                 # into its last input instead of allocating an output
                 payload_out = _layout_bytes(inputs[-1])
             fill_collective(node, op, getattr(ir_node, "constant_args", ()) or (), payload_in, payload_out)
+            if node.dtype is None and inputs:  # in-place collectives (all_reduce_) own no typed buffer
+                node.dtype = _dtype_name(inputs[0])
         elif kind is NodeKind.WAIT:
             mutated = [m for b in buffers for m in b.get_mutations()]
             target = next((producer[m] for m in mutated if m in producer), None)
