@@ -392,3 +392,11 @@ def test_installed_passes_dump_every_graph_of_a_compile(tmp_path, fake_pg, fresh
             summary["exposed_comm_ms_after"])
         rows = parse_schedule_table(open(os.path.join(folder, "schedule_after.txt")).read())
         assert [row["name"] for row in rows] == [dump.dag.nodes[i].name for i in dump.after]
+
+
+def test_summary_table_shows_the_pass_note():
+    from fsdp_passes.debug.tables import summary_table
+
+    text = summary_table({"graph": "000_bwd", "extra": {"note": "bucketing used the whole memory_budget"}})
+    assert "note: bucketing used the whole memory_budget" in text
+    assert "note:" not in summary_table({"graph": "000_bwd", "extra": {}})

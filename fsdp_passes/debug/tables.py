@@ -171,6 +171,9 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines = [head + (f"  ({', '.join(notes)})" if notes else "")]
     if summary.get("fallback"):
         lines.append(f"  FELL BACK: {summary['fallback']}")
+    note = (summary.get("extra") or {}).get("note")
+    if note:
+        lines.append(f"  note: {note}")
     rows = [["", "before", "after", "change"]]
     for label, kb, ka, unit in _METRICS:
         b, a = summary.get(kb), summary.get(ka)

@@ -50,6 +50,10 @@ def reorder_scheduler_nodes(
             used = max(0, fx_report.peak_memory_bytes_after - fx_report.peak_memory_bytes_before)
             budget = max(0, budget - used)
             report.extra["memory_budget_used_by_fx_pass"] = used
+            if budget == 0 and used > 0:
+                report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
+                                        "raise memory_budget to let the reordering prefetch")
+                log.info("fsdp_passes %s: %s", graph_name, report.extra["note"])
         report.extra["memory_budget_bytes"] = budget
         result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
         order = list(result.order)
