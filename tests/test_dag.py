@@ -149,3 +149,14 @@ def test_out_variant_collectives_are_priced_by_their_payload(fake_pg, fresh_indu
     assert gathers and any("_out" in g.op for g in gathers)
     shard_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert sum(g.comm_bytes for g in gathers) == shard_bytes * 8
+
+
+def test_fx_and_scheduler_dags_count_the_same_flops(mlp_captures):
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+
+    fx_graphs, sched = mlp_captures
+    for cap, gm in ((sched[0], fx_graphs.forward), (sched[1], fx_graphs.backward)):
+        with cap.graph_context():
+            s_flops = sum(n.flops for n in dag_from_scheduler_nodes(cap.before))
+        f_flops = sum(n.flops for n in dag_from_fx(gm))
+        assert s_flops == f_flops > 0, (cap.graph_name, s_flops, f_flops)

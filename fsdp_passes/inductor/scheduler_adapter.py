@@ -74,20 +74,27 @@ def _op_name(snode: Any) -> str:
 
 
 def _flops(snode: Any) -> float:
-    """Inductor's FLOP count of the node; outside a graph lowering, ours from its origin FX node."""
+    """FLOPs of the node's origin op from the flop formulas on its (size-hinted) shapes, as the FX DAG counts
+    them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a fallback."""
+    from ..cost_model.flops import aten_flops, has_flop_formula
+    from ..dag.from_fx import fx_values, size_hinted
+
+    origin = None
+    try:
+        origin = snode.node.get_origin_node()
+    except Exception:  # fused or generated nodes may have no single origin
+        pass
+    if origin is not None and has_flop_formula(origin.target):
+        try:
+            return float(aten_flops(origin.target, size_hinted(fx_values(origin.args)),
+                                    size_hinted(fx_values(origin.kwargs)), size_hinted(origin.meta.get("val"))))
+        except Exception:  # fall back to Inductor's count below
+            pass
+    if origin is None:
+        return 0.0
     try:
         return float(snode.estimate_flops() or 0)
-    except Exception:  # needs V.graph to resolve symbolic counts
-        pass
-    try:
-        from ..cost_model.flops import aten_flops
-        from ..dag.from_fx import fx_values
-
-        origin = snode.node.get_origin_node()
-        if origin is None:
-            return 0.0
-        return float(aten_flops(origin.target, fx_values(origin.args), fx_values(origin.kwargs), origin.meta.get("val")))
-    except Exception:  # flop counting is best effort; bytes still give a roofline estimate
+    except Exception:  # needs V.graph to resolve symbolic counts; bytes still give a roofline estimate
         return 0.0
 
 
