@@ -232,6 +232,9 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[in
     import heapq
 
     n = len(preds)
+    if all(p < dst for dst, ps in enumerate(preds) for p in ps):
+        # the usual case (nodes numbered in graph order): the index order is the tie-broken Kahn order
+        return list(range(n))
     indeg = [len(p) for p in preds]
     ready = [i for i in range(n) if indeg[i] == 0]
     heapq.heapify(ready)
