@@ -9,47 +9,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fsdp_passes.dag import CollectiveOp, Dag, DagNode, NodeKind
+from fsdp_passes.dag import CollectiveOp, Dag, NodeKind
 from fsdp_passes.reordering import HeadroomTree, ListScheduler, MemoryModel, Structure, plan_order, replay
 from fsdp_passes.reordering import plan as plan_module
 from fsdp_passes.reordering.scheduler import ScheduleOutcome
 from fsdp_passes.simulate import memory_curve, simulate
 
+from fsdp_passes.testing import DagBuilder
+
 C, K, W = NodeKind.COMPUTE, NodeKind.COLLECTIVE, NodeKind.WAIT
 AG, RS, AR = CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE
 
 
-class Builder:
-    """Nodes get ids in creation order; edges come from ``inputs``."""
-
-    def __init__(self) -> None:
-        self.nodes: list[DagNode] = []
-        self.edges: list[tuple[int, int]] = []
-        self.durations: list[float] = []
-
-    def _add(self, node: DagNode, ms: float, inputs) -> int:
-        i = len(self.nodes)
-        self.nodes.append(node)
-        self.durations.append(float(ms))
-        self.edges.extend((p, i) for p in inputs)
-        return i
-
-    def input(self, name) -> int:
-        return self._add(DagNode(name, C, op="placeholder"), 0.0, [])
-
-    def compute(self, name, ms, *inputs, out=0, output=False, view_of=None) -> int:
-        node = DagNode(name, C, op="mm", out_bytes=out, is_output=output, alias_of=view_of)
-        return self._add(node, ms, inputs)
-
-    def coll(self, name, ms, *inputs, op=AG, group="dp", out=0, fsdp=True) -> int:
-        node = DagNode(name, K, collective=op, group_name=group, comm_bytes=out, out_bytes=out, fsdp=fsdp)
-        return self._add(node, ms, inputs)
-
-    def wait(self, name, coll, ms=0.0, output=False) -> int:
-        return self._add(DagNode(name, W, alias_of=coll, collective_of=coll, is_output=output), ms, [coll])
-
-    def dag(self) -> Dag:
-        return Dag(self.nodes, self.edges)
+class Builder(DagBuilder):
+    default_group = "dp"
 
 
 def forward_dag(blocks=4, param=100, act=10, ag_ms=2.0, mm_ms=1.5, group="dp"):

@@ -18,43 +18,12 @@ from fsdp_passes.simulate import (
     write_chrome_trace,
 )
 
+from fsdp_passes.testing import DagBuilder
+
 C, K, W = NodeKind.COMPUTE, NodeKind.COLLECTIVE, NodeKind.WAIT
 
 
-class Builder:
-    """Tiny DAG builder: nodes get ids in creation order, edges come from ``inputs``."""
-
-    def __init__(self) -> None:
-        self.nodes: list[DagNode] = []
-        self.edges: list[tuple[int, int]] = []
-        self.durations: list[float] = []
-
-    def _add(self, node: DagNode, ms: float, inputs) -> int:
-        i = len(self.nodes)
-        self.nodes.append(node)
-        self.durations.append(ms)
-        self.edges.extend((p, i) for p in inputs)
-        return i
-
-    def compute(self, name, ms, *inputs, out=0, view_of=None, output=False) -> int:
-        node = DagNode(name, C, op="mm", out_bytes=0 if view_of is not None else out, alias_of=view_of,
-                       is_output=output)
-        return self._add(node, ms, inputs)
-
-    def coll(self, name, ms, *inputs, group="0", out=0, op=CollectiveOp.ALL_GATHER) -> int:
-        node = DagNode(name, K, collective=op, group_name=group, comm_bytes=out, out_bytes=out)
-        return self._add(node, ms, inputs)
-
-    def wait(self, name, coll, ms=0.0, output=False) -> int:
-        node = DagNode(name, W, alias_of=coll, collective_of=coll, is_output=output)
-        return self._add(node, ms, [coll])
-
-    def dag(self) -> Dag:
-        return Dag(self.nodes, self.edges)
-
-    def order(self, *names) -> list[int]:
-        index = {n.name: i for i, n in enumerate(self.nodes)}
-        return [index[n] for n in names]
+Builder = DagBuilder
 
 
 def approx(x):

@@ -6,6 +6,7 @@
 ...     graphs = capture_fx_graphs(model, *example_inputs(model))
 """
 
+from .dag_builder import DagBuilder
 from .capture import CapturedGraphs, SchedulerCapture, capture_fx_graphs, capture_scheduler_nodes
 from .gloo import RankFailed, run_on_gloo
 from .models import (
@@ -23,6 +24,7 @@ from .models import (
 from .process_group import fake_process_group
 
 __all__ = [
+    "DagBuilder",
     "CapturedGraphs",
     "SchedulerCapture",
     "capture_fx_graphs",
