@@ -628,6 +628,19 @@ class ListScheduler:
         self.feeders[c] = out
         return out
 
+
+    def _stream_and_cap_gate(self, c: int, g: str, t_next: float) -> Optional[str]:
+        """Gates (a) and (b) for FSDP collective ``c`` of group ``g`` if the next compute node ends at
+        ``t_next``: why issuing it now would not help, or None."""
+        s = self.s
+        am = self.am
+        nxt = s.next_in_group(c)
+        queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
+        if not queued and am.stream_free(g) >= t_next:
+            return "issuing it earlier would not start it earlier (its stream is busy)"
+        if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
+            return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+        return None
     def _hoist(self, c: int, f: int, x: int) -> str:
         """Hoist the feeders of ``c`` and issue it now, before ``x`` runs, if the prefetch gates allow.
         Returns '' when done, '-' when ``c`` has no feeders that could run now, else why not."""
@@ -668,13 +681,9 @@ class ListScheduler:
                 return f"{what}: would delay {s.names[f]}, which waits on {self._blocker(f)}"
         t_next = max(t1, self.release[x]) + dur[x]
         g = s.group[c]
-        am = self.am
-        nxt = s.next_in_group(c)
-        queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
-        if not queued and am.stream_free(g) >= t_next:
-            return "issuing it earlier would not start it earlier (its stream is busy)"
-        if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
-            return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+        why = self._stream_and_cap_gate(c, g, t_next)
+        if why:
+            return why
         # memory: every feeder's output lives from now on, and so does the collective's
         tree = self.tree
         limit = self.limit
@@ -723,12 +732,9 @@ class ListScheduler:
                     return f"its input {s.names[p]} waits on an unfinished collective"
         g = s.group[c]
         if s.fsdp[c]:
-            nxt = s.next_in_group(c)
-            queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
-            if not queued and am.stream_free(g) >= t_next:
-                return "issuing it earlier would not start it earlier (its stream is busy)"
-            if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
-                return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+            why = self._stream_and_cap_gate(c, g, t_next)
+            if why:
+                return why
         a = self.alloc[c]
         if a:
             limit = self.limit
