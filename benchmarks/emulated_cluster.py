@@ -26,7 +26,6 @@ import argparse
 import atexit
 import json
 import os
-import platform
 import shutil
 import signal
 import statistics
@@ -357,16 +356,9 @@ def rank_main(args: argparse.Namespace) -> int:
 def _machine() -> dict:
     import torch
 
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads_per_rank": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "os": platform.platform()}
+    from _common import machine  # benchmarks/ is this script's folder, so it is on sys.path
+
+    return {**machine(), "threads_per_rank": torch.get_num_threads()}
 
 
 def _link_profile(rate: str, gflops: float) -> dict:
