@@ -362,13 +362,13 @@ class MLPBlock(nn.Module):
         return x + self.fc2(F.relu(self.fc1(x)))
 
 
-class MLP(nn.Module):
-    """``layers.<i>`` residual blocks ``fc2(relu(fc1(x)))``; input ``[batch, dim]``."""
+class _BlockStack(nn.Module):
+    """``layers.<i>`` blocks applied in turn to an input ``[batch, dim]``."""
 
-    def __init__(self, n_layers: int, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, blocks: Any) -> None:
         super().__init__()
         self.dim = dim
-        self.layers = nn.ModuleList(MLPBlock(dim, hidden) for _ in range(n_layers))
+        self.layers = nn.ModuleList(blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -377,6 +377,13 @@ class MLP(nn.Module):
 
     def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor]:
         return (torch.randn(batch, self.dim),)
+
+
+class MLP(_BlockStack):
+    """``layers.<i>`` residual blocks ``fc2(relu(fc1(x)))``; input ``[batch, dim]``."""
+
+    def __init__(self, n_layers: int, dim: int, hidden: int) -> None:
+        super().__init__(dim, (MLPBlock(dim, hidden) for _ in range(n_layers)))
 
 
 class RMSNorm(nn.Module):
@@ -532,21 +539,11 @@ class TPBlock(nn.Module):
         return x + _AllReduceForward.apply(partial, self.tp_group_name)
 
 
-class TPMLP(nn.Module):
+class TPMLP(_BlockStack):
     """``layers.<i>`` :class:`TPBlock` s; input ``[batch, dim]`` (replicated over the TP group)."""
 
     def __init__(self, n_layers: int, dim: int, hidden_local: int, tp_group_name: str) -> None:
-        super().__init__()
-        self.dim = dim
-        self.layers = nn.ModuleList(TPBlock(dim, hidden_local, tp_group_name) for _ in range(n_layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-    def example_inputs(self, batch: int = 2) -> tuple[torch.Tensor]:
-        return (torch.randn(batch, self.dim),)
+        super().__init__(dim, (TPBlock(dim, hidden_local, tp_group_name) for _ in range(n_layers)))
 
 
 def build_tp_mlp(n_layers: int = 2, dim: int = 64, *, hidden: Optional[int] = None, tp_group: Any,
