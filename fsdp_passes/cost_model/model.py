@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping, Sequence, Union
 
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..simulate.timeline import OverlapCosts
 from . import collectives, roofline
 from .calibration import Calibration, shapes_key
 from .profiles import ClusterProfile, load_profile
@@ -61,6 +62,14 @@ class CostModel:
             if measured is not None:
                 return measured
         return collectives.collective_ms(op, nbytes, group_size, self.profile, group_ranks)
+
+    def overlap_costs(self) -> OverlapCosts:
+        """The profile's overlap terms for ``simulate(..., overlap=...)``: host issue time per collective and
+        compute slowdown while a collective runs."""
+        return OverlapCosts(
+            issue_ms=self.profile.collective_issue_us / 1e3,
+            compute_slowdown=self.profile.compute_slowdown_during_comm,
+        )
 
     # -- compute ----------------------------------------------------------------------------------------
     def compute_ms(self, flops: float, bytes_moved: float, dtype: Any = None) -> float:
