@@ -92,6 +92,15 @@ def verify_rank_consistency(group: Any = None) -> None:
     _verify(group)
 
 
+def calibrate_from_trace(path: Any, base: Any = None) -> Any:
+    """A ``Calibration`` measured from a ``torch.profiler`` Chrome trace of a real training step: compiled
+    kernels by name, collectives by op, size and group size (see ``fsdp_passes.cost_model.trace_calibration``).
+    Save it (``.save(path)``) and pass the path as ``enable(calibration=...)``."""
+    from .cost_model.trace_calibration import calibrate_from_trace as _calibrate
+
+    return _calibrate(path, base)
+
+
 def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
     """Run the reordering pass on scheduler nodes; returns (new order, GraphReport).
 
@@ -111,6 +120,7 @@ __all__ = [
     "GraphReport",
     "Options",
     "bucket_graph",
+    "calibrate_from_trace",
     "disable",
     "enable",
     "enabled",

@@ -11,6 +11,7 @@ from .flops import aten_flops
 from .model import CostModel
 from .profiles import ClusterProfile, available_profiles, load_profile, profile_from_mapping
 from .roofline import compute_ms
+from .trace_calibration import calibrate_from_trace
 
 __all__ = [
     "Calibration",
@@ -19,6 +20,7 @@ __all__ = [
     "CostModel",
     "GroupTopology",
     "aten_flops",
+    "calibrate_from_trace",
     "available_profiles",
     "collective_ms",
     "compute_ms",

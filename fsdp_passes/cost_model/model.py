@@ -86,6 +86,10 @@ class CostModel:
             if node.group_size is None:
                 raise ValueError(f"node {node.name!r}: group_size=None, expected the process group's size")
             return self.collective_ms(node.collective, node.comm_bytes, node.group_size, node.group_ranks)
+        if self.calibration is not None and node.kernel_key:
+            measured = self.calibration.kernel_ms(node.kernel_key)
+            if measured is not None:
+                return measured
         if self.calibration is not None and node.op:
             measured = self.calibration.compute_ms(node.op, _node_shapes(node))
             if measured is not None:
