@@ -141,3 +141,14 @@ def test_kernel_stem_of_cpu_and_cuda_kernel_names():
     assert kernel_stem("triton_red_fused_native_layer_norm_12") == "fused_native_layer_norm"
     assert kernel_stem("ncclDevKernel_AllGather_RING_LL") is None
     assert kernel_stem("aten::mm") is None
+
+
+def test_calibrate_command_reads_a_trace(trace, tmp_path):
+    from fsdp_passes.__main__ import main
+
+    path, _ = trace
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--trace", path, "--out", str(out)]) == 0
+    assert Calibration.load(out) == fsdp_passes.calibrate_from_trace(path)
+    missing = tmp_path / "nope.json"
+    assert main(["calibrate", "--trace", str(missing), "--out", str(out)]) == 2

@@ -146,6 +146,8 @@ def calibrate(
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of ``python -m fsdp_passes calibrate``."""
     parser.add_argument("--out", required=True, help="calibration JSON file to write")
+    parser.add_argument("--trace", default=None, help="calibrate from this torch.profiler Chrome trace of a real "
+                        "step instead of sweeping collectives (see fsdp_passes.calibrate_from_trace)")
     parser.add_argument(
         "--sizes", nargs="+", type=parse_size, default=None,
         help="payload sizes in bytes (full gathered / pre-scatter size; K/M/G suffixes are binary), "
@@ -215,6 +217,12 @@ def run(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
     try:
+        if getattr(args, "trace", None):
+            from .trace_calibration import calibrate_from_trace
+
+            calibrate_from_trace(args.trace).save(args.out)
+            print(f"calibrate: wrote {args.out} from {args.trace}")
+            return 0
         _validate_args(args)
     except ValueError as exc:
         print(f"calibrate: {exc}", file=sys.stderr)
