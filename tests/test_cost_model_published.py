@@ -1,0 +1,51 @@
+"""The GPU profiles against published NCCL bus bandwidths kept in tests/data/published_nccl_busbw.json (each
+entry names its source, date, hardware and column)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fsdp_passes.cost_model import collective_ms, group_topology, load_profile
+
+DATA = json.loads((Path(__file__).parent / "data" / "published_nccl_busbw.json").read_text())
+ENTRIES = {e["id"]: e for e in DATA["entries"]}
+
+
+def _busbw_gbps(op, nbytes, n, profile, ranks=None):
+    # nccl-tests' definition (PERFORMANCE.md): algbw = S / t, busbw = algbw * (n - 1) / n for AG and RS
+    t_s = collective_ms(op, nbytes, n, profile, ranks) / 1e3
+    return nbytes / t_s * (n - 1) / n / 1e9
+
+
+def test_every_entry_names_its_source():
+    for e in DATA["entries"]:
+        assert e["source"].startswith("https://") and e["hardware"] and e["column"] and e["statement"]
+
+
+@pytest.mark.parametrize("nbytes", [2**30, 2**32])
+def test_h100_one_node_all_gather_and_reduce_scatter_reach_the_published_plateau(nbytes):
+    e = ENTRIES["h100_8gpu_nvlink_non_allreduce_plateau"]
+    h100 = load_profile("h100-nvlink")
+    assert nbytes >= e["min_size_bytes"]
+    for op in e["ops"]:
+        assert _busbw_gbps(op, nbytes, e["ranks"], h100) == pytest.approx(e["busbw_gbps"], rel=0.15), op
+
+
+def test_h100_ring_over_the_network_runs_at_the_published_per_nic_rate():
+    e = ENTRIES["ndr_400g_per_nic_plateau"]
+    h100 = load_profile("h100-nvlink")
+    lo, hi = e["busbw_gbps_per_nic_min"], e["busbw_gbps_per_nic_max"]
+    # one rank per node (stride 8): the ring crosses one NDR NIC per node
+    for n in (2, 8):
+        ranks = tuple(range(0, 8 * n, 8))
+        assert group_topology(h100, n, ranks).nodes == n
+        for op in e["ops"]:
+            bw = _busbw_gbps(op, e["min_size_bytes"], n, h100, ranks)
+            assert lo * 0.85 <= bw <= hi * 1.15, (op, n, bw)
+    # 8 full nodes: the rings cross all 8 NICs (8 x 46..48), capped by NVLink (the one-node plateau)
+    plateau = ENTRIES["h100_8gpu_nvlink_non_allreduce_plateau"]["busbw_gbps"]
+    bw64 = _busbw_gbps("all_gather", 8 * 2**30, 64, h100)
+    assert bw64 == pytest.approx(min(plateau, 8 * (lo + hi) / 2), rel=0.15)
