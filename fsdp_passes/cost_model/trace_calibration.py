@@ -69,7 +69,8 @@ def kernel_stem(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _load_events(path: PathLike) -> list[Mapping[str, Any]]:
+def _load_events(path: PathLike) -> tuple[list[Mapping[str, Any]], int | None]:
+    """The complete ('X') events of a Chrome trace and the world size the profiler recorded (if any)."""
     name = os.fspath(path)
     try:
         with open(name, encoding="utf-8") as fh:
@@ -81,16 +82,16 @@ def _load_events(path: PathLike) -> list[Mapping[str, Any]]:
     events = data.get("traceEvents") if isinstance(data, Mapping) else data
     if not isinstance(events, list):
         raise ValueError(f"trace file {name}: expected a Chrome trace (an object with 'traceEvents' or a list)")
-    return [e for e in events if isinstance(e, Mapping) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
-
-
-def _world_size(path: PathLike) -> int | None:
-    try:
-        with open(os.fspath(path), encoding="utf-8") as fh:
-            info = json.load(fh).get("distributedInfo") or {}
-        return int(info["world_size"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+    complete = [e for e in events
+                if isinstance(e, Mapping) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    world = None
+    info = data.get("distributedInfo") if isinstance(data, Mapping) else None
+    if isinstance(info, Mapping):
+        try:
+            world = int(info["world_size"])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return complete, world
 
 
 def _numel(dims: Any) -> int | None:
@@ -233,8 +234,7 @@ def calibrate_from_trace(path: PathLike, base: Calibration | None = None) -> Cal
     A missing or malformed file is a ValueError naming it; a trace without any kernel or collective the
     reader knows is a ValueError too (``enable_kernel_profile`` / ``record_shapes`` were probably off).
     """
-    events = _load_events(path)
-    world = _world_size(path)
+    events, world = _load_events(path)
     cal = Calibration(meta={"source": "trace", "trace": os.path.basename(os.fspath(path))})
     by_process: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for e in events:
