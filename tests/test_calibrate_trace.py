@@ -152,3 +152,37 @@ def test_calibrate_command_reads_a_trace(trace, tmp_path):
     assert Calibration.load(out) == fsdp_passes.calibrate_from_trace(path)
     missing = tmp_path / "nope.json"
     assert main(["calibrate", "--trace", str(missing), "--out", str(out)]) == 2
+
+
+def test_cuda_trace_format_device_kernels_and_nccl_arguments(tmp_path):
+    """The CUDA form of the same file: device kernels (``cat: kernel``) are timed instead of host ops, NCCL
+    kernels carry their collective's name, element counts, dtype and group size as arguments.  (A synthetic
+    trace in torch.profiler's CUDA layout: no GPU on the machines that run this suite.)"""
+    def kernel(name, ts, dur, **args):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"device": 0, "stream": 7, **args}}
+
+    nccl = dict(**{"Collective name": "_allgather_base", "In msg nelems": 1024, "Out msg nelems": 8192,
+                   "Group size": 8, "dtype": "BFloat16"})
+    rs = dict(**{"Collective name": "reduce_scatter_tensor_coalesced", "In msg nelems": 8192,
+                 "Out msg nelems": 1024, "Group size": 8, "dtype": "Float"})
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1, "ts": 0, "dur": 50,
+         "args": {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float", "float"]}},  # host time: ignored
+        kernel("triton_poi_fused_relu_0", 100, 12.0),
+        kernel("triton_poi_fused_relu_3", 300, 14.0),
+        kernel("triton_red_fused_native_layer_norm_1", 200, 30.0),
+        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 400, 80.0),  # a library GEMM: no name to match
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 500, 40.0, **nccl),
+        kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 600, 44.0, **nccl),
+        kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 700, 70.0, **rs),
+    ]
+    path = tmp_path / "cuda.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    cal = fsdp_passes.calibrate_from_trace(path)
+    assert cal.kernel_keys() == ["fused_native_layer_norm", "fused_relu"]
+    assert cal.kernel_ms("fused_relu") == pytest.approx(0.013)  # median of 12 and 14 us
+    assert cal.kernel_ms("fused_native_layer_norm") == pytest.approx(0.030)
+    # full payloads: 8192 bf16 gathered = 16 KiB; 8192 fp32 before the scatter = 32 KiB
+    assert cal.points("all_gather", 8) == [(16384, pytest.approx(0.042))]
+    assert cal.points("reduce_scatter", 8) == [(32768, pytest.approx(0.070))]
