@@ -9,7 +9,8 @@ Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespace
    profiling on) -> ``calibrate_from_trace(trace, base=sweep)``: the calibration every configuration plans with.
 3. For each configuration the passes plan with that calibration; the **predicted step** is the sum of the
    graphs' simulated makespans as the scheduler pass reports them (``makespan_ms_after``), and, re-simulated
-   from the pass's dumps, the same with the profile's overlap costs (host issue time, compute slowdown);
+   from the pass's dumps, the same with overlap costs (host issue time, compute slowdown) measured on this
+   link (``overlap_costs.measure_overlap``) and with the ``cpu-gloo`` profile's (measured on loopback);
    the **measured step** is the median of round-robin timed steps (slower rank).
 
 Configurations: ``none`` (no bucketing, no reordering), ``manual`` (a bucket per block + reordering),
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import emulated_cluster as ec  # benchmarks/ is this script's folder, so it is on sys.path
+from overlap_costs import measure_overlap
 
 REPO = ec.REPO
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "fidelity.json"
@@ -163,6 +165,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
         configs[name] = {
             "measured_median_ms": measured, "measured_ms": [t * 1e3 for t in times],
             "predicted_ms": pred["step_ms"], "predicted_with_overlap_costs_ms": pred["step_with_overlap_ms"],
+            "predicted_with_profile_overlap_costs_ms": pred["step_with_profile_overlap_ms"],
             "predicted_graphs_ms": pred["graphs_ms"], "error": pred["step_ms"] / measured - 1.0,
             "error_with_overlap_costs": pred["step_with_overlap_ms"] / measured - 1.0,
             "reports": pred["reports"],
@@ -181,7 +184,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
         "machine": r0["machine"], "model": r0["model"], "smoke": args.smoke, "steps": args.steps,
         "configs": configs, "ranking_predicted": _ranking(predicted), "ranking_measured": _ranking(measured),
         "collectives": collectives, "targets": targets, "calibration": r0["calibration"],
-        "profile": r0["profile"],
+        "profile": r0["profile"], "overlap_measured_on_link": r0["overlap_measured_on_link"],
     }
 
 
@@ -250,7 +253,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     import fsdp_passes
     from fsdp_passes.cost_model import Calibration, CostModel, calibrate_from_trace, load_profile
     from fsdp_passes.debug.dag_json import read_dag_json
-    from fsdp_passes.simulate import simulate
+    from fsdp_passes.simulate import OverlapCosts, simulate
     from fsdp_passes.testing import build_mlp
 
     gen = torch.Generator().manual_seed(1000 + rank)
@@ -260,8 +263,11 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     cluster = ec._link_profile(args.rate, box[0])
     link = load_profile(cluster)
 
-    # 1. collective sweep (agreed across ranks by calibrate())
+    # 1. collective sweep (agreed across ranks by calibrate()) and the overlap terms on this link
     sweep_cal, collectives = _sweep(args, link)
+    box = [measure_overlap(1 if args.smoke else 4, 2 if args.smoke else 5)]
+    dist.broadcast_object_list(box, src=0)
+    link_overlap = box[0]
 
     def make_step(name: str, model: torch.nn.Module) -> Any:
         def loss_fn(inp: torch.Tensor) -> torch.Tensor:
@@ -300,7 +306,11 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     calibration = Calibration.from_json(box[0])
     cal_path = Path(args.work) / f"calibration_rank{rank}.json"
     calibration.save(cal_path)
-    cost_model = CostModel(link, calibration)
+    overlaps = {
+        "link": OverlapCosts(issue_ms=link_overlap["collective_issue_us"] / 1e3,
+                             compute_slowdown=link_overlap["compute_slowdown_during_comm"]),
+        "profile": CostModel(link, calibration).overlap_costs(),
+    }
 
     base = dict(cluster=cluster, calibration=str(cal_path), memory_budget=args.memory_budget)
     options = {
@@ -324,13 +334,15 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
         if len(reports) != 2 or any(r.fallback for r in reports):
             raise RuntimeError(f"{name}: expected a forward and a backward scheduler report: "
                                f"{[r.one_line() for r in reports]}")
-        with_overlap = 0.0
+        with_overlap = {k: 0.0 for k in overlaps}
         for dump in sorted(debug_dir.rglob("dag.json")):
             d = read_dag_json(dump)
-            with_overlap += simulate(d.dag, d.after, d.durations, overlap=cost_model.overlap_costs()).makespan
+            for k, costs in overlaps.items():
+                with_overlap[k] += simulate(d.dag, d.after, d.durations, overlap=costs).makespan
         predicted[name] = {"graphs_ms": {r.graph: r.makespan_ms_after for r in reports},
                            "step_ms": sum(r.makespan_ms_after for r in reports),
-                           "step_with_overlap_ms": with_overlap,
+                           "step_with_overlap_ms": with_overlap["link"],
+                           "step_with_profile_overlap_ms": with_overlap["profile"],
                            "reports": [r.one_line() for r in reports]}
         print(f"rank {rank}: {name} predicted {predicted[name]['step_ms']:.1f} ms", flush=True)
     times: dict[str, list[float]] = {n: [] for n in CONFIGS}
@@ -345,7 +357,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
             print(f"step {i}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
     return {
         "rank": rank, "times": times, "predicted": predicted, "collectives": collectives,
-        "machine": ec._machine(), "profile": link.to_dict(),
+        "machine": ec._machine(), "profile": link.to_dict(), "overlap_measured_on_link": link_overlap,
         "calibration": {"collective_tables": len(calibration.collective_keys()),
                         "kernels": len(calibration.kernel_keys()), "meta": calibration.meta},
         "model": {"kind": "MLP (fsdp_passes.testing.build_mlp), fp32, reshard after forward",

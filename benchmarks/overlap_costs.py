@@ -29,14 +29,13 @@ def _matmul_loop(a, b, until: float) -> tuple[int, float]:
             return n, (t - t0) / n
 
 
-def _rank(rank: int, init: str, mib: int, repeats: int, out: str) -> None:
+def measure_overlap(mib: int, repeats: int) -> dict:
+    """Medians of ``repeats`` measurements on the initialised default group (every rank calls it)."""
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    shard = torch.randn(mib * 2**20 // 4 // 2)
-    gathered = torch.empty(shard.numel() * 2)
+    shard = torch.randn(mib * 2**20 // 4 // dist.get_world_size())
+    gathered = torch.empty(shard.numel() * dist.get_world_size())
     a, b = torch.randn(256, 256), torch.randn(256, 256)
     issue_us, slowdown = [], []
     for _ in range(repeats):
@@ -54,12 +53,21 @@ def _rank(rank: int, init: str, mib: int, repeats: int, out: str) -> None:
         _, during = _matmul_loop(a, b, t0 + 0.6 * comm_s)
         work.wait()
         slowdown.append(during / alone - 1.0)
+    return {"collective_issue_us": statistics.median(issue_us),
+            "compute_slowdown_during_comm": max(0.0, statistics.median(slowdown)),
+            "issue_us_all": issue_us, "slowdown_all": slowdown, "mib": mib, "loadavg": os.getloadavg()}
+
+
+def _rank(rank: int, init: str, mib: int, repeats: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    result = measure_overlap(mib, repeats)
     if rank == 0:
         with open(out, "w") as fh:
-            json.dump({"collective_issue_us": statistics.median(issue_us),
-                       "compute_slowdown_during_comm": statistics.median(slowdown),
-                       "issue_us_all": issue_us, "slowdown_all": slowdown, "mib": mib,
-                       "loadavg": os.getloadavg()}, fh)
+            json.dump(result, fh)
     dist.destroy_process_group()
 
 
