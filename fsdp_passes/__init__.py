@@ -15,7 +15,7 @@ from typing import Any, Iterator
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
-from .report import GraphReport, last_reports  # noqa: E402
+from .pipeline.report import GraphReport, last_reports  # noqa: E402
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
@@ -79,7 +79,7 @@ def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
     """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
-    from .bucketing import bucket_graph as _bucket_graph
+    from .pipeline import bucket_graph as _bucket_graph
 
     return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
 

@@ -83,7 +83,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .debug.demo import DemoConfig, run_demo
+    from .cli.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(layers=args.layers, dim=args.dim, world_size=args.world_size, cluster=args.cluster,
                      bucketing=args.bucketing, out=args.out, full_compile=args.full_compile,

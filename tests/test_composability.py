@@ -19,7 +19,8 @@ import torch
 import torch.fx as fx
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_passes.bucketing import BUCKET_META_KEY, bucket_graph
+from fsdp_passes.bucketing import BUCKET_META_KEY
+from fsdp_passes.pipeline import bucket_graph
 from fsdp_passes.cost_model import CostModel
 from fsdp_passes.dag import CollectiveOp, NodeKind
 from fsdp_passes.dag.from_fx import dag_from_fx

@@ -24,7 +24,7 @@ from fsdp_passes.debug import (
     write_scheduler_dump,
 )
 from fsdp_passes.debug.whatif import scale_world_size, world_size_of
-from fsdp_passes.report import GraphReport, collective_fingerprint, fill_schedule_numbers
+from fsdp_passes.pipeline.report import GraphReport, collective_fingerprint, fill_schedule_numbers
 from fsdp_passes.simulate import lower_bound, simulate
 from fsdp_passes.simulate.timeline import group_key
 

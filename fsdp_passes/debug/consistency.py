@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..report import GraphReport, last_reports
+from ..pipeline.report import GraphReport, last_reports
 
 __all__ = ["verify_rank_consistency", "rank_entries", "first_difference"]
 

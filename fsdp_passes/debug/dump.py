@@ -29,7 +29,7 @@ import weakref
 from typing import Any, Sequence
 
 from ..dag.graph import Dag
-from ..report import GraphReport, last_reports
+from ..pipeline.report import GraphReport, last_reports
 from ..simulate import chrome_trace, simulate
 from .dag_json import dag_to_json
 from .tables import schedule_table

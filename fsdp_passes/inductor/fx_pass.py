@@ -12,7 +12,7 @@ import time
 import torch.fx as fx
 
 from ..options import Options
-from ..report import GraphReport, record
+from ..pipeline.report import GraphReport, record
 from .hooks import FsdpPassError, injected, run_guarded
 
 log = logging.getLogger("fsdp_passes")
@@ -45,7 +45,7 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
             first = next(n for n in graph.nodes if n.op != "placeholder")
             graph.inserting_before(first)
             raise RuntimeError("injected failure in the fx pass")
-        from ..bucketing import bucket_graph
+        from ..pipeline import bucket_graph
 
         result = bucket_graph(graph, options, graph_name=graph_name)
         graph.lint()

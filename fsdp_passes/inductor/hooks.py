@@ -191,7 +191,7 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         name = graph_name_for_scheduler()
 
         def fallback(reason: str = "pass failed; input order kept") -> list:
-            from ..report import GraphReport, record
+            from ..pipeline.report import GraphReport, record
 
             record(GraphReport(graph=name, pass_name="scheduler", options=self.options.to_json(),
                                fallback=reason))

@@ -7,7 +7,7 @@ import time
 from typing import Any, Sequence
 
 from ..options import Options
-from ..report import GraphReport, fill_schedule_numbers, find_report, record
+from ..pipeline.report import GraphReport, fill_schedule_numbers, find_report, record
 from .hooks import injected
 from .scheduler_adapter import dag_from_scheduler_nodes
 

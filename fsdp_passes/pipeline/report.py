@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dag.graph import Dag, NodeKind
+from ..dag.graph import Dag, NodeKind
 
 
 @dataclass
@@ -107,7 +107,7 @@ def fill_schedule_numbers(
 
     ``before`` and ``after`` are (dag, order, per-node durations in ms).  Returns both timelines.
     """
-    from .simulate import lower_bound, simulate
+    from ..simulate import lower_bound, simulate
 
     t_before = simulate(*before)
     t_after = simulate(*after)

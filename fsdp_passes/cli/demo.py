@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..report import GraphReport, fill_schedule_numbers, last_reports
+from ..pipeline.report import GraphReport, fill_schedule_numbers, last_reports
 
 log = logging.getLogger("fsdp_passes")
 
@@ -138,7 +138,7 @@ class _DemoSchedulerPass:
         from ..cost_model import CostModel
         from ..inductor.scheduler_adapter import dag_from_scheduler_nodes
         from ..options import Options
-        from . import write_scheduler_dump
+        from ..debug import write_scheduler_dump
 
         opts = Options(**self.options)
         dag = dag_from_scheduler_nodes(nodes)
