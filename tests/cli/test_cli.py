@@ -15,7 +15,7 @@ from fsdp_passes.debug import SUMMARY_KEYS, load_dumps, parse_schedule_table, re
 from fsdp_passes.debug.whatif import what_if
 from fsdp_passes.simulate import simulate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--layers", "1", "--dim", "32", "--seq-len", "16"]
 
 
