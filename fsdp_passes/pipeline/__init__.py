@@ -7,7 +7,8 @@ runs the FX half, ``choice`` is auto's choice among candidate plans (each rewrit
 
 from __future__ import annotations
 
-from .bucket_graph import BucketingResult, bucket_graph, plan_bucketing
+from .bucket_graph import BucketingResult, bucket_graph
+from .plans import plan_bucketing
 from .report import GraphReport, collective_fingerprint, collective_sequence, fill_schedule_numbers
 
 __all__ = [

@@ -278,7 +278,7 @@ def score_plan(g: fx.Graph, dag: Dag, plan: BucketPlanResult, options: Options, 
     """
     from ..dag.from_fx import dag_from_fx
     from ..simulate import peak_memory, simulate
-    from .bucket_graph import _scratch_copy
+    from .plans import _scratch_copy
     from ..bucketing.rewrite import apply_buckets
 
     limit = baseline_peak + budget
@@ -367,7 +367,7 @@ def choose_auto_plan(
 ) -> AutoChoice:
     """Build the candidates for ``g`` (whose DAG is ``dag``), score them, return the best (see the module
     docstring).  ``g`` is not modified."""
-    from .bucket_graph import _plan_auto_within_budget, plan_bucketing
+    from .plans import _plan_auto_within_budget, plan_bucketing
     from ..bucketing.plan import break_cycles
 
     budget = options.memory_budget_bytes(baseline_peak, dag.resident_bytes)

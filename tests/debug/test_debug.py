@@ -74,7 +74,8 @@ def make_dump(tmp_path, dag, before, after, durations, graph="000_fwd", reasons=
         write_bucketing_dump(str(tmp_path), fx)
     timelines = fill_schedule_numbers(report, (dag, list(before), durations), (dag, list(after), durations))
     report.pass_time_s = 0.0125
-    folder = write_scheduler_dump(str(tmp_path), report, dag, durations, list(before), list(after), timelines)
+    folder = write_scheduler_dump(str(tmp_path), report, dag, durations, list(before), list(after), timelines,
+                                  fx_report=fx)
     assert folder == os.path.join(str(tmp_path), graph)
     return report, folder
 
