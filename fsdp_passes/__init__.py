@@ -15,7 +15,7 @@ from typing import Any, Iterator
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
-from .report import GraphReport, last_reports  # noqa: E402
+from .pipeline.report import GraphReport  # noqa: E402
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
@@ -26,7 +26,7 @@ def enable(options: Options | None = None, **kwargs: Any) -> Options:
     naming the option.  Calling ``enable`` again replaces the options; passes already set in those config
     slots by the user keep running alongside ours.  Returns the options in force.
     """
-    from .inductor.hooks import install
+    from .inductor.install import install
 
     if options is not None and not isinstance(options, Options):
         raise ValueError(f"fsdp_passes.enable(options={options!r}): expected an fsdp_passes.Options or keywords")
@@ -38,7 +38,7 @@ def enable(options: Options | None = None, **kwargs: Any) -> Options:
 
 def disable() -> None:
     """Remove the passes and restore the touched ``torch._inductor.config`` values exactly as they were."""
-    from .inductor.hooks import uninstall
+    from .inductor.install import uninstall
 
     uninstall()
 
@@ -46,7 +46,7 @@ def disable() -> None:
 @contextlib.contextmanager
 def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
     """``enable(...)`` for the duration of a ``with`` block; the previous state is restored afterwards."""
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     previous = active_options()
     resolved = enable(options, **kwargs)
@@ -56,15 +56,23 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
         if previous is None:
             disable()
         else:
-            from .inductor.hooks import install
+            from .inductor.install import install
 
             install(previous)
 
 
 def is_enabled() -> bool:
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     return active_options() is not None
+
+
+def last_reports(clear: bool = False) -> list[GraphReport]:
+    """Reports of the graphs compiled with the passes in this process, oldest first (at most 256 kept);
+    ``clear=True`` empties the history after reading it."""
+    from .inductor.install import last_reports as _last_reports
+
+    return _last_reports(clear)
 
 
 def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +87,7 @@ def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
     """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
-    from .bucketing import bucket_graph as _bucket_graph
+    from .pipeline import bucket_graph as _bucket_graph
 
     return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
 
@@ -89,7 +97,7 @@ def verify_rank_consistency(group: Any = None) -> None:
     different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
     from .debug.consistency import verify_rank_consistency as _verify
 
-    _verify(group)
+    _verify(last_reports(), group)
 
 
 def calibrate_from_trace(path: Any, base: Any = None) -> Any:

@@ -119,7 +119,7 @@ def _kernel_key(snode: Any) -> str | None:
 def _flops(snode: Any) -> float:
     """FLOPs of the node's origin op from the flop formulas on its (size-hinted) shapes, as the FX DAG counts
     them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a fallback."""
-    from ..cost_model.flops import aten_flops, has_flop_formula
+    from ..dag.flops import aten_flops, has_flop_formula
     from ..dag.from_fx import fx_values, size_hinted
 
     origin = None

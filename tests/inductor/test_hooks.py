@@ -9,7 +9,8 @@ import torch._dynamo
 import torch._inductor.config as ic
 
 import fsdp_passes
-from fsdp_passes.inductor.hooks import FsdpPassError, inject_failure
+from fsdp_passes.inductor.failure_injection import inject_failure
+from fsdp_passes.inductor.guard import FsdpPassError
 from fsdp_passes.testing import build_mlp, example_inputs
 
 

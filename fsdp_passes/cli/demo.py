@@ -12,6 +12,7 @@ unchanged schedule for that graph, marked with the reason, so the numbers of the
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -21,7 +22,10 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..report import GraphReport, fill_schedule_numbers, last_reports
+from .. import last_reports
+from ..pipeline.report import GraphReport, fill_schedule_numbers
+from .common import PROG, say as _say
+from .report import print_report
 
 log = logging.getLogger("fsdp_passes")
 
@@ -81,64 +85,34 @@ class DemoResult:
     seconds: float = 0.0
 
 
-def _kind_of(name: str) -> str:
-    return "bwd" if "_bwd" in name else "fwd"
-
-
 class _DemoSchedulerPass:
     """Wraps the installed scheduler pass: progress lines, and a baseline dump when the pass falls back."""
 
-    def __init__(self, inner: Any, options: Any, say: Callable[[str], None], caught: list, result: DemoResult):
-        self.inner, self.options, self.say, self.caught, self.result = inner, options, say, caught, result
-        self.seq = 0
+    def __init__(self, inner: Any, options: Any, say: Callable[[str], None], result: DemoResult):
+        self.inner, self.options, self.say, self.result = inner, options, say, result
 
     def __call__(self, nodes: list) -> list:
-        from torch._inductor.virtualized import V
-
-        kind = "bwd" if getattr(V.graph, "is_backward", False) else "fwd"
-        n_before = sum(1 for r in last_reports() if r.pass_name == "scheduler")
-        n_warnings = len(self.caught)
-        fx_name = self._pending_fx_name(kind)
         out = self.inner(nodes)
-        reports = [r for r in last_reports() if r.pass_name == "scheduler"]
-        if len(reports) > n_before:
-            name = reports[-1].graph
-            self.say(f"  {'backward' if kind == 'bwd' else 'forward'} graph {name}: {len(nodes)} scheduler nodes, "
-                     f"{reports[-1].collectives_moved} collectives moved")
+        report = last_reports()[-1]  # the installed pass reports every graph it sees, also when it falls back
+        what = "backward" if "_bwd" in report.graph else "forward"
+        if report.fallback is None:
+            self.say(f"  {what} graph {report.graph}: {len(nodes)} scheduler nodes, "
+                     f"{report.collectives_moved} collectives moved")
         else:
-            name = fx_name or self._new_name(kind)
-            why = next((str(w.message) for w in reversed(self.caught[n_warnings:])
-                        if "scheduler pass" in str(w.message)), "the scheduler pass did not run")
-            self.result.fallbacks[name] = why
-            self.say(f"  {'backward' if kind == 'bwd' else 'forward'} graph {name}: {len(nodes)} scheduler nodes; "
-                     f"reordering fell back, dumping the unchanged schedule ({why})")
-            self._baseline_dump(name, nodes, why)
-        self.result.graphs.append(name)
-        if kind == "fwd":
+            self.result.fallbacks[report.graph] = report.fallback
+            self.say(f"  {what} graph {report.graph}: {len(nodes)} scheduler nodes; "
+                     f"reordering fell back, dumping the unchanged schedule ({report.fallback})")
+            self._baseline_dump(report.graph, nodes, report.fallback)
+        self.result.graphs.append(report.graph)
+        if what == "forward":
             self.say("compiling backward ...")
         return out
 
-    def _new_name(self, kind: str) -> str:
-        try:  # the passes' own naming (compile order, frame id), so folders sort the same way
-            from ..inductor.hooks import _new_graph_name
-
-            return _new_graph_name(kind)
-        except Exception:
-            self.seq += 1
-            return f"{900 + self.seq:03d}_{kind}"
-
-    def _pending_fx_name(self, kind: str) -> str | None:
-        seen = {r.graph for r in last_reports() if r.pass_name == "scheduler"} | set(self.result.graphs)
-        for r in reversed(last_reports()):
-            if r.pass_name == "fx" and _kind_of(r.graph) == kind and r.graph not in seen:
-                return r.graph
-        return None
-
     def _baseline_dump(self, name: str, nodes: list, why: str) -> None:
         from ..cost_model import CostModel
+        from ..debug import write_scheduler_dump
         from ..inductor.scheduler_adapter import dag_from_scheduler_nodes
         from ..options import Options
-        from . import write_scheduler_dump
 
         opts = Options(**self.options)
         dag = dag_from_scheduler_nodes(nodes)
@@ -203,17 +177,15 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
     say("importing torch ...")
     import torch
     import torch._dynamo
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
 
     import fsdp_passes
-    from ..inductor.hooks import FsdpSchedulerPass
+    from ..inductor.install import compile_caches_off, scheduler_pass_wrapped
     from ..testing import build_llama, capture_scheduler_nodes, example_inputs, fake_process_group
 
     result = DemoResult(out=out)
     kw = cfg.model_kwargs()
-    with _quiet_torch(), warnings.catch_warnings(record=True) as caught, fake_process_group(cfg.world_size):
-        warnings.simplefilter("always")
+    with _quiet_torch(), warnings.catch_warnings(), fake_process_group(cfg.world_size):
+        warnings.simplefilter("ignore")  # a pass that falls back says so in its report; torch's warnings are noise
         say(f"building a Llama-style model: {cfg.layers} layers, dim {cfg.dim}, {kw['n_heads']} heads, "
             f"ffn {kw['ffn_dim']}, vocab {kw['vocab']}, sequence {cfg.seq_len}, batch {cfg.batch}")
         say(f"sharding it with simple_fsdp(reshard_after_forward=True) over a fake {cfg.world_size}-rank "
@@ -227,15 +199,10 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
         with fsdp_passes.enabled(**options) as opts:
             say(f"passes on: bucketing={opts.bucketing}, reorder={opts.reorder}, cluster={opts.cluster}, "
                 f"memory_budget={opts.memory_budget}, debug_dir={opts.debug_dir}")
-            passes = [
-                _DemoSchedulerPass(p, opts.to_json(), say, caught, result) if isinstance(p, FsdpSchedulerPass) else p
-                for p in inductor_config.reorder_for_compute_comm_overlap_passes
-            ]
-            with inductor_config.patch(reorder_for_compute_comm_overlap_passes=passes):
+            with scheduler_pass_wrapped(lambda inner: _DemoSchedulerPass(inner, opts.to_json(), say, result)):
                 if cfg.full_compile:
                     say("compiling forward with torch.compile (full Inductor compile, C++ kernels) ...")
-                    with inductor_config.patch(fx_graph_cache=False), \
-                            functorch_config.patch(enable_autograd_cache=False):
+                    with compile_caches_off():
                         compiled = torch.compile(model, fullgraph=True)
                         loss = compiled(*inputs).float().sum()
                         loss.backward()
@@ -244,11 +211,28 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
                         "stops after the scheduler passes, no kernels are built) ...")
                     capture_scheduler_nodes(model, *inputs)
         torch._dynamo.reset()
-    fx_falls = [r for r in last_reports() if r.pass_name == "fx" and r.fallback]
-    for w in caught:
-        msg = str(w.message)
-        if msg.startswith("fsdp_passes fx pass failed") and fx_falls:
-            say(f"note: bucketing fell back: {msg.split(': ', 1)[-1]}")
-            break
+    fx_fallback = next((r.fallback for r in last_reports() if r.pass_name == "fx" and r.fallback), None)
+    if fx_fallback is not None:
+        say(f"note: bucketing fell back: {fx_fallback}")
     result.seconds = time.perf_counter() - start
     return result
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    cfg = DemoConfig(layers=args.layers, dim=args.dim, world_size=args.world_size, cluster=args.cluster,
+                     bucketing=args.bucketing, out=args.out, full_compile=args.full_compile,
+                     seq_len=args.seq_len)
+    result = run_demo(cfg, say=_say)
+    _say(f"done in {result.seconds:.1f} s")
+    _say("")
+    print_report(result.out, header=False)
+    from ..debug.reader import load_dumps
+
+    dumps = load_dumps(result.out)
+    _say("")
+    _say(f"dumps: {result.out}/<graph>/ (schedule_before.txt, schedule_after.txt, buckets.json, dag.json, "
+         "dag.dot, summary.json)")
+    for d in dumps:
+        _say(f"trace: {d.file('trace.json')}  (open in https://ui.perfetto.dev)")
+    _say(f"again: {PROG} report {result.out}")
+    return 0

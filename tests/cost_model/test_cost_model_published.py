@@ -1,4 +1,4 @@
-"""The GPU profiles against published NCCL bus bandwidths kept in tests/data/published_nccl_busbw.json (each
+"""The GPU profiles against published NCCL bus bandwidths kept in tests/cost_model/data/published_nccl_busbw.json (each
 entry names its source, date, hardware and column)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import fsdp_passes
-from fsdp_passes.bucketing import plan_bucketing
+from fsdp_passes.pipeline import plan_bucketing
 from fsdp_passes.bucketing.plan import bucket_key, plan_cycles
 from fsdp_passes.cost_model import CostModel
 from fsdp_passes.dag import CollectiveOp, Dag, DagNode, NodeKind

@@ -37,9 +37,9 @@ import torch.fx as fx
 
 from ..dag.graph import Dag, NodeKind
 from ..options import Options
-from .auto import _Open, _timeline
-from .manual import collective_fqn
-from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, split_dependent
+from ..bucketing.auto import _Open, _timeline
+from ..bucketing.manual import collective_fqn
+from ..bucketing.plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, split_dependent
 
 #: above this many DAG nodes the candidates are not scored (each score rewrites a copy of the graph and runs
 #: the reordering planner on it: ~0.3 s per 1k nodes for the three rewrites on 2 cores); the greedy plan is
@@ -278,8 +278,8 @@ def score_plan(g: fx.Graph, dag: Dag, plan: BucketPlanResult, options: Options, 
     """
     from ..dag.from_fx import dag_from_fx
     from ..simulate import peak_memory, simulate
-    from . import _scratch_copy
-    from .rewrite import apply_buckets
+    from .plans import _scratch_copy
+    from ..bucketing.rewrite import apply_buckets
 
     limit = baseline_peak + budget
     trial: fx.Graph | None = None
@@ -325,7 +325,7 @@ def _placed(graph: fx.Graph, dag: Dag, limit: int, *, restore: bool) -> Dag:
     moves nothing or peaks above ``limit``.  ``restore``: put ``graph``'s nodes back in their order after."""
     from ..dag.from_fx import dag_from_fx
     from ..simulate import peak_memory
-    from .placement import issue_gathers_before_reductions, renumbered
+    from ..bucketing.placement import issue_gathers_before_reductions, renumbered
 
     order = list(graph.nodes) if restore else None
     try:
@@ -367,8 +367,8 @@ def choose_auto_plan(
 ) -> AutoChoice:
     """Build the candidates for ``g`` (whose DAG is ``dag``), score them, return the best (see the module
     docstring).  ``g`` is not modified."""
-    from . import _plan_auto_within_budget, plan_bucketing
-    from .plan import break_cycles
+    from .plans import _plan_auto_within_budget, plan_bucketing
+    from ..bucketing.plan import break_cycles
 
     budget = options.memory_budget_bytes(baseline_peak, dag.resident_bytes)
     greedy_plan, greedy_after, scale, greedy_trial = _plan_auto_within_budget(g, dag, options, cost_model,

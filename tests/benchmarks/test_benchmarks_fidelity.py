@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fidelity.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
 
 _missing = []
 if not hasattr(os, "geteuid") or os.geteuid() != 0:

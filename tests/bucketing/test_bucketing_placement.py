@@ -3,7 +3,7 @@
 import pytest
 
 from fsdp_passes import Options
-from fsdp_passes.bucketing import bucket_graph
+from fsdp_passes.pipeline import bucket_graph
 from fsdp_passes.dag import CollectiveOp
 from fsdp_passes.dag.from_fx import dag_from_fx
 from fsdp_passes.testing import build_mlp, capture_fx_graphs, example_inputs

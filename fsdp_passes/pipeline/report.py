@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .dag.graph import Dag, NodeKind
+from ..dag.graph import Dag, NodeKind
 
 
 @dataclass
@@ -76,28 +76,6 @@ def collective_sequence(dag: Dag, order: list[int] | None = None) -> list[str]:
     return out
 
 
-_REPORTS: list[GraphReport] = []
-_MAX_REPORTS = 256
-
-
-def record(report: GraphReport) -> None:
-    _REPORTS.append(report)
-    del _REPORTS[:-_MAX_REPORTS]
-
-
-def find_report(graph: str, pass_name: str) -> GraphReport | None:
-    """The newest kept report of ``pass_name`` for ``graph``, if any."""
-    return next((r for r in reversed(_REPORTS) if r.graph == graph and r.pass_name == pass_name), None)
-
-
-def last_reports(clear: bool = False) -> list[GraphReport]:
-    """Reports of the graphs compiled with the passes in this process, oldest first (at most 256 kept)."""
-    out = list(_REPORTS)
-    if clear:
-        _REPORTS.clear()
-    return out
-
-
 def fill_schedule_numbers(
     report: GraphReport,
     before: tuple[Dag, list[int], list[float]],
@@ -107,7 +85,7 @@ def fill_schedule_numbers(
 
     ``before`` and ``after`` are (dag, order, per-node durations in ms).  Returns both timelines.
     """
-    from .simulate import lower_bound, simulate
+    from ..simulate import lower_bound, simulate
 
     t_before = simulate(*before)
     t_after = simulate(*after)

@@ -24,7 +24,7 @@ from fsdp_passes.debug import (
     write_scheduler_dump,
 )
 from fsdp_passes.debug.whatif import scale_world_size, world_size_of
-from fsdp_passes.report import GraphReport, collective_fingerprint, fill_schedule_numbers
+from fsdp_passes.pipeline.report import GraphReport, collective_fingerprint, fill_schedule_numbers
 from fsdp_passes.simulate import lower_bound, simulate
 from fsdp_passes.simulate.timeline import group_key
 
@@ -74,7 +74,8 @@ def make_dump(tmp_path, dag, before, after, durations, graph="000_fwd", reasons=
         write_bucketing_dump(str(tmp_path), fx)
     timelines = fill_schedule_numbers(report, (dag, list(before), durations), (dag, list(after), durations))
     report.pass_time_s = 0.0125
-    folder = write_scheduler_dump(str(tmp_path), report, dag, durations, list(before), list(after), timelines)
+    folder = write_scheduler_dump(str(tmp_path), report, dag, durations, list(before), list(after), timelines,
+                                  fx_report=fx)
     assert folder == os.path.join(str(tmp_path), graph)
     return report, folder
 

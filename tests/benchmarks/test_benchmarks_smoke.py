@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 
 

@@ -16,13 +16,13 @@ from fsdp_passes.bucketing import (
     BUCKET_META_KEY,
     UnmatchedPlanEntry,
     apply_buckets,
-    bucket_graph,
     expand_plan,
     plan_auto,
     plan_cycles,
     plan_manual,
 )
 from fsdp_passes.bucketing.manual import matches
+from fsdp_passes.pipeline import bucket_graph
 from fsdp_passes.bucketing.plan import make_bucket
 from fsdp_passes.dag.from_fx import dag_from_fx
 from fsdp_passes.dag.graph import CollectiveOp, Dag, DagNode, NodeKind

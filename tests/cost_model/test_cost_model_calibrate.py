@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from fsdp_passes.cost_model import Calibration, CostModel
-from fsdp_passes.cost_model.calibrate import add_arguments, calibrate, parse_size, run
+from fsdp_passes.cli.calibrate import add_arguments, parse_size, run
+from fsdp_passes.cost_model.calibrate import calibrate
 from fsdp_passes.dag.graph import CollectiveOp
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "emulated_cluster.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "emulated_cluster.py"
 
 _missing = []
 if not hasattr(os, "geteuid") or os.geteuid() != 0:

@@ -7,7 +7,7 @@
 - mixed precision: bf16 parameters, fp32 gradient reduction;
 - other collectives (all-to-all, broadcast) in the graph.
 
-Structure only (a fake group moves no data); numerics are in tests/test_composability_gloo.py (HSDP, rank consistency) and tests/test_composability_gloo_more.py (TP + FSDP, mixed precision).
+Structure only (a fake group moves no data); numerics are in tests/inductor/test_composability_gloo.py (HSDP, rank consistency) and tests/inductor/test_composability_gloo_more.py (TP + FSDP, mixed precision).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 import torch.fx as fx
 from torch.distributed.device_mesh import init_device_mesh
 
-from fsdp_passes.bucketing import BUCKET_META_KEY, bucket_graph
+from fsdp_passes.bucketing import BUCKET_META_KEY
+from fsdp_passes.pipeline import bucket_graph
 from fsdp_passes.cost_model import CostModel
 from fsdp_passes.dag import CollectiveOp, NodeKind
 from fsdp_passes.dag.from_fx import dag_from_fx

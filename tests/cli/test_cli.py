@@ -15,7 +15,7 @@ from fsdp_passes.debug import SUMMARY_KEYS, load_dumps, parse_schedule_table, re
 from fsdp_passes.debug.whatif import what_if
 from fsdp_passes.simulate import simulate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--layers", "1", "--dim", "32", "--seq-len", "16"]
 
 
@@ -62,6 +62,20 @@ def test_console_script_entry_point_and_module_help():
     from fsdp_passes.__main__ import main as entry
 
     assert callable(entry)
+
+
+def test_calibrate_as_a_module_spawns_ranks(tmp_path):
+    """``python -m fsdp_passes calibrate`` outside torchrun spawns gloo ranks, which must be able to unpickle
+    what they are sent; the table they write holds the requested sizes for a 2-rank group."""
+    out = tmp_path / "cal.json"
+    proc = run_cli("calibrate", "--out", str(out), "--sizes", "4K", "16K", "--iters", "2", "--warmup", "1",
+                   "--ops", "all_reduce", "--world-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["meta"]["world_size"] == 2 and data["meta"]["backend"] == "gloo"
+    (entry,) = data["collectives"]
+    assert entry["op"] == "all_reduce" and entry["group_size"] == 2
+    assert [size for size, _ in entry["points"]] == [4096, 16384]
 
 
 def test_demo_prints_progress_tables_and_writes_dumps(demo_dirs):

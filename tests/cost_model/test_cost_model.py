@@ -14,7 +14,6 @@ from fsdp_passes.cost_model import (
     Calibration,
     ClusterProfile,
     CostModel,
-    aten_flops,
     available_profiles,
     collective_ms,
     compute_ms,
@@ -24,6 +23,7 @@ from fsdp_passes.cost_model import (
     profile_from_mapping,
     shapes_key,
 )
+from fsdp_passes.dag.flops import aten_flops
 from fsdp_passes.dag.graph import CollectiveOp, Dag, DagNode, NodeKind
 
 AG, RS, AR, A2A = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE,
