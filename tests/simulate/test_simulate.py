@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -339,12 +338,10 @@ def _layered(layers: int, per_layer: int = 10) -> tuple[Dag, list[float]]:
     return Dag(nodes, edges), durs
 
 
-def test_100k_nodes_simulate_quickly():
+def test_100k_nodes_simulate():
+    # its time is a target of benchmarks/pass_scaling.py, not of this test
     dag, durs = _layered(7143)  # 14 nodes a layer: ~100k nodes
     assert len(dag) >= 100_000
     order = list(range(len(dag)))
-    t0 = time.perf_counter()
     tl = simulate(dag, order, durs)
-    elapsed = time.perf_counter() - t0
     assert tl.makespan >= tl.lower_bound > 0
-    assert elapsed < 3.0, f"simulate took {elapsed:.2f} s on {len(dag)} nodes"
