@@ -1,6 +1,7 @@
 """fsdp_passes: bucketing and overlap scheduling of FSDP collectives inside torch.compile / Inductor.
 
     import fsdp_passes
+    model = fsdp_passes.data_parallel(model, mesh)      # SimpleFSDP: collectives traced by torch.compile
     fsdp_passes.enable(bucketing="auto", reorder=True, cluster="h100-nvlink", memory_budget="5%")
     model = torch.compile(model)
     ...
@@ -61,6 +62,15 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
             install(previous)
 
 
+def __getattr__(name: str) -> Any:
+    # the frontend imports torch.distributed.tensor: loaded on first use only
+    if name in ("data_parallel", "MixedPrecisionPolicy"):
+        from . import frontend
+
+        return getattr(frontend, name)
+    raise AttributeError(f"module 'fsdp_passes' has no attribute {name!r}")
+
+
 def is_enabled() -> bool:
     from .inductor.hooks import active_options
 
@@ -109,8 +119,10 @@ def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs
 
 __all__ = [
     "GraphReport",
+    "MixedPrecisionPolicy",
     "Options",
     "bucket_graph",
+    "data_parallel",
     "disable",
     "enable",
     "enabled",
