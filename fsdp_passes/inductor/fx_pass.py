@@ -14,6 +14,7 @@ import torch.fx as fx
 from ..options import Options
 from ..report import GraphReport, record
 from .hooks import FsdpPassError, injected, run_guarded
+from .shard_shapes import warn_if_uneven_shards
 
 log = logging.getLogger("fsdp_passes")
 
@@ -36,6 +37,7 @@ def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
 
 def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport | None:
     """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict)."""
+    warn_if_uneven_shards(graph)
     snapshot = _snapshot(graph)
     start = time.perf_counter()
 
