@@ -194,3 +194,99 @@ def test_hybrid_shard_on_a_2x2_mesh_trains_like_the_unsharded_model():
         assert res["padding_zero"], rank
         assert res["placements"] == ["(Replicate(), Shard(dim=0))"], res["placements"]
         assert res["passes"]["graphs"] == ["bwd", "fwd"] and not res["passes"]["fallbacks"], res["passes"]
+
+
+# -- checkpoints: save on 2 ranks, load on 4 and back -------------------------------------------------------
+
+def _global_loss(loss):
+    import torch.distributed as dist
+
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return (total / dist.get_world_size()).item()
+
+
+def _eager_steps(model, opt, batches: list, steps: range) -> list[float]:
+    import torch.nn.functional as F
+
+    losses = []
+    for i in steps:
+        tokens, targets = batches[i]
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(_global_loss(loss))
+    return losses
+
+
+def _checkpoint_phase(rank: int, world_size: int, folder: str, phase: str) -> dict:
+    """A: 2 ranks train steps 0-4, saving sharded and full checkpoints after step 1.  B: 4 ranks load either
+    checkpoint, train steps 2-3, save sharded.  C: 2 ranks load B's checkpoint and train step 4."""
+    import os
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama
+
+    def fresh(seed: int):
+        model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False, seed=seed))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+    def save_sharded(model, opt, name: str) -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(folder, name))
+
+    def load_sharded(model, opt, name: str) -> None:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=os.path.join(folder, name))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    batches = _batches(world_size, rank)
+    out: dict = {}
+    if phase == "A":
+        model, opt = fresh(0)
+        out["losses"] = _eager_steps(model, opt, batches, range(0, 2))
+        save_sharded(model, opt, "after_step_1")
+        full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save(full, os.path.join(folder, "after_step_1_full.pt"))
+        unsharded = build_llama(**LLAMA, fsdp=False).state_dict()
+        out["full_shapes_unpadded"] = list(full[0]) == list(unsharded) and all(
+            v.shape == unsharded[k].shape for k, v in full[0].items())
+        out["losses"] += _eager_steps(model, opt, batches, range(2, STEPS))
+    elif phase == "B":
+        sharded, opt_s = fresh(1)  # other initial weights: the checkpoint must overwrite them
+        load_sharded(sharded, opt_s, "after_step_1")
+        full_model, opt_f = fresh(2)
+        torch.distributed.barrier()
+        msd, osd = torch.load(os.path.join(folder, "after_step_1_full.pt"), weights_only=False)
+        set_state_dict(full_model, opt_f, model_state_dict=msd, optim_state_dict=osd,
+                       options=StateDictOptions(full_state_dict=True))
+        out["padding_zero_after_load"] = _padding_is_zero(sharded) and _padding_is_zero(full_model)
+        out["losses_sharded"] = _eager_steps(sharded, opt_s, batches, range(2, 4))
+        out["losses_full"] = _eager_steps(full_model, opt_f, batches, range(2, 4))
+        save_sharded(sharded, opt_s, "after_step_3")
+    else:
+        model, opt = fresh(3)
+        load_sharded(model, opt, "after_step_3")
+        out["losses"] = _eager_steps(model, opt, batches, range(4, STEPS))
+    return out
+
+
+def test_checkpoint_save_on_2_ranks_load_on_4_and_back(tmp_path):
+    import math
+
+    a = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "A", timeout=300)[0]
+    b = run_on_gloo(4, _checkpoint_phase, str(tmp_path), "B", timeout=300)[0]
+    c = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "C", timeout=300)[0]
+    assert a["full_shapes_unpadded"]
+    assert b["padding_zero_after_load"]
+    close = lambda x, y: all(math.isclose(u, v, rel_tol=1e-5) for u, v in zip(x, y, strict=True))  # noqa: E731
+    assert close(b["losses_sharded"], a["losses"][2:4]), (b, a)
+    assert close(b["losses_full"], a["losses"][2:4]), (b, a)
+    assert close(c["losses"], a["losses"][4:]), (c, a)
