@@ -100,7 +100,10 @@ class _ShardedParam:
         if new is self.storage:
             return
         new = new.detach().requires_grad_(self.param.requires_grad)
-        self.param.data = self._as_dtensor(new.detach())
+        # swap, not ``.data =``: a DTensor keeps its local tensor in a Python attribute that ``.data`` leaves
+        # alone; the parameter object (held by optimizers and the module) stays the same
+        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(new.detach()),
+                                                          requires_grad=self.param.requires_grad))
         self._set_storage(new)
 
 

@@ -176,3 +176,25 @@ def test_graphs_are_the_same_on_every_rank_with_uneven_parameters(fake_pg_factor
             codes.append((graphs.forward.code, graphs.backward.code,
                           [tuple(n.meta["val"].shape) for n in graphs.forward.graph.nodes if n.op == "placeholder"]))
     assert codes[0] == codes[1]
+
+
+def test_meta_init_then_to_empty_and_dtype_conversion_keep_the_view(fake_pg):
+    with torch.device("meta"):
+        model = build_llama(**LLAMA, fsdp=False)
+    data_parallel(model)
+    state = model.output._fsdp_shards["weight"]
+    assert state.storage.is_meta
+    param = model.output._parameters["weight"]
+    model.to_empty(device="cpu")
+    model.double()
+    state = model.output._fsdp_shards["weight"]
+    assert state.param is param and model.output._parameters["weight"] is param  # optimizers keep their handle
+    assert state.storage.device.type == "cpu" and state.storage.dtype == torch.float64 == param.dtype
+    assert param.to_local().data_ptr() == state.storage.data_ptr() and state.storage.requires_grad
+
+
+def test_replacing_a_sharded_parameter_is_refused(fake_pg):
+    model = data_parallel(nn.Linear(4, 16))
+    model.weight = nn.Parameter(torch.zeros(16, 4))
+    with pytest.raises(RuntimeError, match="parameter weight was replaced after sharding"):
+        model(torch.randn(2, 4))
