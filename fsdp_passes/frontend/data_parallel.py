@@ -171,14 +171,16 @@ def _cast_class(cls: type) -> type:
 # data_parallel
 # --------------------------------------------------------------------------------------------------
 
-def _default_mesh(mode: str) -> DeviceMesh:
+def _default_mesh(mode: str, model: nn.Module) -> DeviceMesh:
     if not dist.is_initialized():
         raise ValueError("data_parallel: mesh=None needs an initialised default process group "
                          "(torch.distributed.init_process_group)")
     if mode == "hybrid_shard":
         raise ValueError("data_parallel: mode='hybrid_shard' needs a 2-D mesh (replicate, shard); got mesh=None")
     world = dist.group.WORLD
-    return DeviceMesh.from_group(world, "cpu", mesh=torch.tensor(dist.get_process_group_ranks(world)))
+    devices = {p.device.type for p in model.parameters()} - {"meta"}
+    device_type = devices.pop() if len(devices) == 1 else "cpu"
+    return DeviceMesh.from_group(world, device_type, mesh=torch.tensor(dist.get_process_group_ranks(world)))
 
 
 def _separate_group(mesh: DeviceMesh, dim: int) -> dist.ProcessGroup:
@@ -254,7 +256,7 @@ def data_parallel(
     already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode,
     a parameter shared by two modules.
     """
-    mesh = _default_mesh(mode) if mesh is None else mesh
+    mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
     ignored = {id(p) for p in ignored_params or ()}
 

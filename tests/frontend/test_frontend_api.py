@@ -198,3 +198,13 @@ def test_replacing_a_sharded_parameter_is_refused(fake_pg):
     model.weight = nn.Parameter(torch.zeros(16, 4))
     with pytest.raises(RuntimeError, match="parameter weight was replaced after sharding"):
         model(torch.randn(2, 4))
+
+
+def test_replicate_all_reduces_gradients_and_gathers_nothing(fake_pg):
+    model = data_parallel(build_llama(**LLAMA, fsdp=False), mode="replicate")
+    p = model.output._parameters["weight"]
+    assert p.placements == (Replicate(),) and p.to_local().shape == (67, 32)
+    graphs = capture_fx_graphs(model, *example_inputs(model))
+    n_params = len(list(model.parameters()))
+    assert _count(graphs.forward) == {}
+    assert _count(graphs.backward) == {AR: n_params, WAIT: n_params}
