@@ -289,14 +289,15 @@ def data_parallel(
             if p is None:
                 continue
             fqn = f"{mod_fqn}.{name}" if mod_fqn else name
+            if id(p) in ignored:
+                continue
             if id(p) in seen:
                 raise ValueError(f"data_parallel: parameter {fqn} is the same tensor as {seen[id(p)]} (shared "
-                                 f"parameters are not supported); untie them or pass one in ignored_params")
+                                 f"parameters are not supported); untie them or leave it unsharded with "
+                                 f"ignored_params")
             seen[id(p)] = fqn
             if name in states:  # sharded by an earlier call on this module or a descendant: keep its settings
                 states[name].info = _with_fqn(states[name].info, fqn, mod_fqn)
-                continue
-            if id(p) in ignored:
                 continue
             if isinstance(p, DTensor):
                 raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "

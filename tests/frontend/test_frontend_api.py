@@ -84,6 +84,10 @@ def test_errors_name_option_module_and_parameter(fake_pg):
     tied.output.weight = tied.tok_embeddings.weight
     with pytest.raises(ValueError, match="output.weight is the same tensor as tok_embeddings.weight"):
         data_parallel(tied)
+    tied = build_llama(**LLAMA, fsdp=False)
+    tied.output.weight = tied.tok_embeddings.weight
+    data_parallel(tied, ignored_params={tied.output.weight})  # left unsharded, as asked
+    assert not isinstance(tied.output.weight, DTensor) and isinstance(tied.norm._parameters["weight"], DTensor)
 
 
 def test_hybrid_needs_2d_mesh_and_fully_shard_1d(fake_pg):
