@@ -15,6 +15,7 @@ from fsdp_passes.testing import build_llama, capture_fx_graphs, capture_schedule
 
 AG, RS, AR, WAIT = "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "wait_tensor"
 LLAMA = dict(n_layers=2, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=67, seq_len=8)
+LLAMA1 = dict(LLAMA, n_layers=1)  # where one layer shows it all
 
 
 def _ops(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -119,7 +120,7 @@ def test_nested_calls_override_reshard_per_module(fake_pg):
 
 
 def test_mixed_precision_cast_before_gather_and_reduce_dtype(fake_pg):
-    model = data_parallel(build_llama(**LLAMA, fsdp=False), reshard_after_forward=False,
+    model = data_parallel(build_llama(**LLAMA1, fsdp=False), reshard_after_forward=False,
                           mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                                          output_dtype=torch.float32))
     graphs = capture_fx_graphs(model, *example_inputs(model))
@@ -133,7 +134,7 @@ def test_mixed_precision_cast_before_gather_and_reduce_dtype(fake_pg):
 
 
 def test_separate_reduce_scatter_group(fake_pg):
-    model = data_parallel(build_llama(**LLAMA, fsdp=False), reduce_scatter_group="separate")
+    model = data_parallel(build_llama(**LLAMA1, fsdp=False), reduce_scatter_group="separate")
     graphs = capture_fx_graphs(model, *example_inputs(model))
     ag_groups = {n.args[2] for g in (graphs.forward, graphs.backward) for n in _ops(g) if n.target._opname == AG}
     rs_groups = {n.args[3] for n in _ops(graphs.backward) if n.target._opname == RS}
@@ -175,7 +176,7 @@ def test_graphs_are_the_same_on_every_rank_with_uneven_parameters(fake_pg_factor
     for rank in (0, 7):
         with contextlib.ExitStack() as stack:
             stack.enter_context(fake_process_group(8, rank))
-            model = data_parallel(build_llama(**LLAMA, fsdp=False))
+            model = data_parallel(build_llama(**LLAMA1, fsdp=False))
             graphs = capture_fx_graphs(model, *example_inputs(model, seed=0))
             codes.append((graphs.forward.code, graphs.backward.code,
                           [tuple(n.meta["val"].shape) for n in graphs.forward.graph.nodes if n.op == "placeholder"]))
@@ -205,7 +206,7 @@ def test_replacing_a_sharded_parameter_is_refused(fake_pg):
 
 
 def test_replicate_all_reduces_gradients_and_gathers_nothing(fake_pg):
-    model = data_parallel(build_llama(**LLAMA, fsdp=False), mode="replicate")
+    model = data_parallel(build_llama(**LLAMA1, fsdp=False), mode="replicate")
     p = model.output._parameters["weight"]
     assert p.placements == (Replicate(),) and p.to_local().shape == (67, 32)
     graphs = capture_fx_graphs(model, *example_inputs(model))
