@@ -1,6 +1,7 @@
 """fsdp_passes: bucketing and overlap scheduling of FSDP collectives inside torch.compile / Inductor.
 
     import fsdp_passes
+    model = fsdp_passes.data_parallel(model, mesh)      # SimpleFSDP: collectives traced by torch.compile
     fsdp_passes.enable(bucketing="auto", reorder=True, cluster="h100-nvlink", memory_budget="5%")
     model = torch.compile(model)
     ...
@@ -59,6 +60,15 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
             from .inductor.install import install
 
             install(previous)
+
+
+def __getattr__(name: str) -> Any:
+    # the frontend imports torch.distributed.tensor: loaded on first use only
+    if name in ("data_parallel", "MixedPrecisionPolicy"):
+        from . import frontend
+
+        return getattr(frontend, name)
+    raise AttributeError(f"module 'fsdp_passes' has no attribute {name!r}")
 
 
 def is_enabled() -> bool:
@@ -126,9 +136,11 @@ def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs
 
 __all__ = [
     "GraphReport",
+    "MixedPrecisionPolicy",
     "Options",
     "bucket_graph",
     "calibrate_from_trace",
+    "data_parallel",
     "disable",
     "enable",
     "enabled",

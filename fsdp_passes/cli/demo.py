@@ -188,11 +188,11 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
         warnings.simplefilter("ignore")  # a pass that falls back says so in its report; torch's warnings are noise
         say(f"building a Llama-style model: {cfg.layers} layers, dim {cfg.dim}, {kw['n_heads']} heads, "
             f"ffn {kw['ffn_dim']}, vocab {kw['vocab']}, sequence {cfg.seq_len}, batch {cfg.batch}")
-        say(f"sharding it with simple_fsdp(reshard_after_forward=True) over a fake {cfg.world_size}-rank "
-            "process group")
-        model = build_llama(**kw, reshard_after_forward=True)
+        say(f"sharding it with fsdp_passes.data_parallel(reshard_after_forward=True) over a fake "
+            f"{cfg.world_size}-rank process group")
+        model = fsdp_passes.data_parallel(build_llama(**kw, fsdp=False), reshard_after_forward=True)
         inputs = example_inputs(model, batch=cfg.batch, seed=0)
-        n_params = sum(p.numel() for p in model.parameters()) * cfg.world_size
+        n_params = sum(p.numel() for p in model.parameters())  # DTensor parameters: numel of the full tensor
         say(f"  {n_params / 1e6:.2f} M parameters, {len(list(model.parameters()))} sharded tensors")
         last_reports(clear=True)
         torch._dynamo.reset()

@@ -17,6 +17,7 @@ from ..pipeline import bucket_graph
 from ..pipeline.report import GraphReport
 from .failure_injection import injected
 from .guard import run_guarded
+from .shard_shapes import warn_if_uneven_shards
 
 log = logging.getLogger("fsdp_passes")
 
@@ -40,6 +41,7 @@ def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
 def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport:
     """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict).
     Returns the pass's report (with ``fallback`` set when the graph was left unchanged)."""
+    warn_if_uneven_shards(graph)
     snapshot = _snapshot(graph)
     start = time.perf_counter()
 

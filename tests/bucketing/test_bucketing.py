@@ -429,7 +429,7 @@ def _train_step(rank: int, world_size: int) -> dict:
         counts = [(r.n_collectives_before, r.n_collectives_after, r.fallback)
                   for r in fsdp_passes.last_reports(clear=True) if r.pass_name == "fx"]
         # numpy arrays travel back by value (tensors would be shared through handles of a dead process)
-        return loss.detach().numpy().copy(), [p.grad.numpy().copy() for p in model.parameters()], counts
+        return loss.detach().numpy().copy(), [p.grad.to_local().numpy().copy() for p in model.parameters()], counts
 
     with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
         return {

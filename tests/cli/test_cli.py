@@ -80,7 +80,7 @@ def test_calibrate_as_a_module_spawns_ranks(tmp_path):
 
 def test_demo_prints_progress_tables_and_writes_dumps(demo_dirs):
     folder, text = demo_dirs["auto"]
-    for phrase in ("building a Llama-style model: 1 layers, dim 32", "sharding it with simple_fsdp",
+    for phrase in ("building a Llama-style model: 1 layers, dim 32", "sharding it with fsdp_passes.data_parallel",
                    "compiling forward", "compiling backward", "collectives", "exposed comm ms", "makespan ms",
                    "peak memory", "lower bound ms", "trace: ", f"report {folder}"):
         assert phrase in text, phrase

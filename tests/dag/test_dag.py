@@ -147,7 +147,7 @@ def test_out_variant_collectives_are_priced_by_their_payload(fake_pg, fresh_indu
         dag = dag_from_scheduler_nodes(cap.before)
     gathers = [dag[i] for i in dag.collectives() if dag[i].collective is CollectiveOp.ALL_GATHER]
     assert gathers and any("_out" in g.op for g in gathers)
-    shard_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    shard_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     assert sum(g.comm_bytes for g in gathers) == shard_bytes * 8
 
 

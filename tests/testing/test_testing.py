@@ -65,16 +65,19 @@ def test_fake_process_group_refuses_nesting_and_tears_down_on_error():
 # ------------------------------------------------------------------ models
 
 
-@pytest.mark.parametrize("mode", ["functional", "dtensor"])
-def test_mlp_params_are_dim0_shards_and_eager_runs(fake_pg, mode):
+def test_mlp_params_are_dim0_shards_and_eager_runs(fake_pg):
+    from torch.distributed.tensor import DTensor, Shard
+
     ref = build_mlp(n_layers=2, dim=32, fsdp=False)
-    model = build_mlp(n_layers=2, dim=32, mode=mode)
+    model = build_mlp(n_layers=2, dim=32)
     names = [n for n, _ in model.named_parameters()]
     assert names == [n for n, _ in ref.named_parameters()]
     assert "layers.0.fc1.weight" in names
     for (name, p), (_, full) in zip(model.named_parameters(), ref.named_parameters()):
-        assert p.shape[0] * 8 == full.shape[0] and p.shape[1:] == full.shape[1:], name
-        torch.testing.assert_close(p.detach(), full.detach().chunk(8)[0])  # rank 0's shard
+        assert isinstance(p, DTensor) and p.placements == (Shard(0),) and p.shape == full.shape, name
+        local = p.to_local()
+        assert local.shape[0] * 8 == full.shape[0] and local.shape[1:] == full.shape[1:], name
+        torch.testing.assert_close(local.detach(), full.detach().chunk(8)[0])  # rank 0's shard
     infos = fsdp_params(model)
     assert infos["layers.1.fc2.weight"].full_shape == (32, 64)
     assert infos["layers.1.fc2.weight"].module_fqn == "layers.1.fc2"
@@ -95,9 +98,15 @@ def test_llama_mixed_precision_eager(fake_pg):
     assert all(p.grad.dtype == torch.float32 for p in model.parameters())
 
 
-def test_simple_fsdp_rejects_indivisible_dim0(fake_pg):
-    with pytest.raises(ValueError, match="divisible"):
-        simple_fsdp(torch.nn.Linear(8, 12))
+def test_simple_fsdp_pads_indivisible_dim0(fake_pg_factory):
+    fake_pg_factory(8, 5)  # 12 rows on 8 ranks: shards of 2 rows; rank 5 owns row 10, rank 6 and 7 none
+    full = torch.nn.Linear(8, 12)
+    ref = full.weight.detach().clone()
+    model = simple_fsdp(full)
+    info = fsdp_params(model)["weight"]
+    assert info.shard_shape == (2, 8) and info.local_rows == 2 and info.full_shape == (12, 8)
+    torch.testing.assert_close(model._parameters["weight"].to_local(), ref[10:12])
+    assert model._fsdp_shards["weight"].storage.shape == (2, 8)
 
 
 # ------------------------------------------------------------------ capture_fx_graphs
@@ -129,8 +138,8 @@ def test_capture_fx_graphs_no_reshard_and_fqn_meta(fake_pg):
     for n in ag:  # module of the gather: last nn_module_stack entry, in Dynamo's spelling
         path = list(n.meta["nn_module_stack"].values())[-1][0]
         assert path.endswith(fsdp_param_of(n).rsplit(".", 1)[0])
-    by_seq = {n.meta["seq_nr"]: fsdp_param_of(n) for n in ag}
-    assert all(by_seq[n.meta["seq_nr"]] == fsdp_param_of(n) for n in rs)  # seq_nr pairs AG and RS
+    infos = fsdp_params(model)  # each reduce-scatter's annotation names the parameter whose shard it produces
+    assert all(tuple(n.meta["val"].shape) == infos[fsdp_param_of(n)].shard_shape for n in rs)
     assert graphs.forward_after is not None and graphs.backward_after is not None
 
 
