@@ -72,6 +72,7 @@ class _Unit:
     members: list[int]  # DAG node ids (a concatenation copy: none)
     pos: float  # place in the graph order
     preds: list[int] = field(default_factory=list)  # unit ids
+    after: list[int] = field(default_factory=list)  # units it must follow without reading them (order only)
     inlinable: bool = False  # a pointwise op Inductor computes inside its reader
     # (owner unit or None for a graph input, buffer key, bytes read, bytes of the whole buffer)
     reads: list[tuple[int | None, Any, int, int]] = field(default_factory=list)
@@ -270,7 +271,8 @@ def predict_kernels(dag: Dag) -> Dag:
                 unit.reads.append(r)
                 if src_unit is not None and src_unit != uid:
                     unit.preds.append(src_unit)
-        unit.out_bytes = node.out_bytes
+        # a copying reshape allocates its result (the FX DAG counts it as a view)
+        unit.out_bytes = _bytes(_val(origin)) if node.alias_of is not None and unit.kind is _FUSABLE else node.out_bytes
     # dependencies that are not reads (mutation order, hand-built edges)
     for a, b in dag.edges():
         ua, ub = unit_of[a], unit_of[b]
@@ -283,7 +285,7 @@ def predict_kernels(dag: Dag) -> Dag:
     for seq in dag.group_sequences().values():
         for a, b in zip(seq, seq[1:]):
             if unit_of[a] is not None and unit_of[b] is not None:
-                units[unit_of[b]].preds.append(unit_of[a])
+                units[unit_of[b]].after.append(unit_of[a])
     for i, node in enumerate(nodes):
         if node.is_output and unit_of[i] is not None:
             units[unit_of[i]].graph_output = True
@@ -294,13 +296,13 @@ def predict_kernels(dag: Dag) -> Dag:
         u.preds = sorted(set(u.preds))
         for p in u.preds:
             succs[p].append(v)
-    topo = _topological(units, succs)
+    topo = _topological(units)
 
     # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
     depth = [0] * m
     for v in topo:
         d = 0
-        for p in units[v].preds:
+        for p in units[v].preds + units[v].after:
             d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE else 1))
         depth[v] = d
     groups = _Groups(m)
@@ -335,8 +337,12 @@ def predict_kernels(dag: Dag) -> Dag:
     return _contract(dag, units, succs, groups, group_members)
 
 
-def _topological(units: list[_Unit], succs: list[list[int]]) -> list[int]:
-    indeg = [len(u.preds) for u in units]
+def _topological(units: list[_Unit]) -> list[int]:
+    succs: list[list[int]] = [[] for _ in units]
+    for v, u in enumerate(units):
+        for p in set(u.preds + u.after):
+            succs[p].append(v)
+    indeg = [len(set(u.preds + u.after)) for u in units]
     ready = [(u.pos, v) for v, u in enumerate(units) if indeg[v] == 0]
     heapq.heapify(ready)
     out = []
@@ -357,15 +363,17 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     nodes = dag.nodes
     roots = sorted(group_members, key=lambda r: min(units[v].pos for v in group_members[r]))
     kernel_preds: dict[int, set[int]] = {}
+    kernel_after: dict[int, set[int]] = {}
     for r in roots:
         kernel_preds[r] = {groups.find(p) for v in group_members[r] for p in units[v].preds} - {r}
+        kernel_after[r] = ({groups.find(p) for v in group_members[r] for p in units[v].after} - {r}) | kernel_preds[r]
     # order: Kahn over the kernels, the earliest first member first
     ksuccs: dict[int, list[int]] = {r: [] for r in roots}
-    for r, ps in kernel_preds.items():
+    for r, ps in kernel_after.items():
         for p in ps:
             ksuccs[p].append(r)
     first = {r: min(units[v].pos for v in group_members[r]) for r in roots}
-    indeg = {r: len(ps) for r, ps in kernel_preds.items()}
+    indeg = {r: len(ps) for r, ps in kernel_after.items()}
     ready = [(first[r], r) for r in roots if indeg[r] == 0]
     heapq.heapify(ready)
     order: list[int] = []
