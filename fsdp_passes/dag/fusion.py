@@ -74,6 +74,7 @@ class _Unit:
     preds: list[int] = field(default_factory=list)  # unit ids
     after: list[int] = field(default_factory=list)  # units it must follow without reading them (order only)
     inlinable: bool = False  # a pointwise op Inductor computes inside its reader
+    fuses_with_producers: bool = True  # False for a reduction over outer dimensions
     # (owner unit or None for a graph input, buffer key, bytes read, bytes of the whole buffer)
     reads: list[tuple[int | None, Any, int, int]] = field(default_factory=list)
     writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
@@ -142,6 +143,28 @@ def _is_pointwise(node: DagNode) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _reduces_inner_dims(node: DagNode) -> bool:
+    """A reduction over the input's innermost dimensions (a row reduction): its loop nest starts with the
+    producer's outer loops, so the CPU backend fuses it with the producer.  A reduction over outer dimensions
+    (a bias gradient summed over the batch) runs as a kernel of its own."""
+    import torch
+
+    origin = node.origin
+    args = origin.args
+    src = _val(args[0]) if args and hasattr(args[0], "meta") else None
+    if not isinstance(src, torch.Tensor):
+        return True
+    ndim = src.dim()
+    dims = args[1] if len(args) > 1 else origin.kwargs.get("dim")
+    if dims is None:
+        return True  # a full reduction
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not all(isinstance(d, int) for d in dims) or not ndim:
+        return True
+    norm = sorted(d % ndim for d in dims)
+    return norm == list(range(ndim - len(norm), ndim))
 
 
 def _bytes(value: Any) -> int:
@@ -223,6 +246,7 @@ def predict_kernels(dag: Dag) -> Dag:
         if kind is _FUSABLE:
             base = _base_op(node)[1]
             u.inlinable = base not in REDUCTION_OPS and base not in _SCATTER_OPS and _is_pointwise(node)
+            u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
         units.append(u)
     for i in range(n):
         if is_view[i] and owner_node[i] is not None:
@@ -326,12 +350,39 @@ def predict_kernels(dag: Dag) -> Dag:
             continue
         if v in inlined_into:
             groups.union(v, inlined_into[v])
+        if not units[v].fuses_with_producers:
+            continue
         for p in units[v].preds:
             if units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]:
                 groups.union(p, v)
 
-    # -- 4. one DAG node per group / kept unit
+    # a kernel all of whose outputs are read by one other kernel joins it: every path out of it enters that
+    # kernel first, so no cycle can form (an op recomputed from saved inputs in a backward, whatever its depth)
     group_members: dict[int, list[int]] = {}
+    for v in range(m):
+        group_members.setdefault(groups.find(v), []).append(v)
+    for v in reversed(topo):
+        r = groups.find(v)
+        if units[v].kind is not _FUSABLE or r != v and groups.find(r) != r:
+            continue
+        members = group_members.get(r)
+        if not members or any(units[w].graph_output for w in members):
+            continue
+        readers = {groups.find(s) for w in members for s in succs[w]} - {r}
+        if len(readers) != 1:
+            continue
+        (g,) = readers
+        if units[g].kind is not _FUSABLE or not all(units[w].fuses_with_producers for w in group_members[g]
+                                                    if any(groups.find(p) == r for p in units[w].preds)):
+            continue
+        groups.union(r, g)
+        merged = groups.find(r)
+        group_members[merged] = group_members.pop(r, []) + (group_members.pop(g, []) if g != merged else [])
+        if g == merged:
+            group_members[g] = group_members[g] + members if members is not group_members[g] else group_members[g]
+
+    # -- 4. one DAG node per group / kept unit
+    group_members = {}
     for v in range(m):
         group_members.setdefault(groups.find(v), []).append(v)
     return _contract(dag, units, succs, groups, group_members)
