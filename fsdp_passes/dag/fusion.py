@@ -15,7 +15,9 @@ DAG of the same graph gets after Inductor's fusion:
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
-  longest path from the graph's start, which also keeps the contracted graph acyclic);
+  longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
+  reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU); a kernel
+  whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
 - a concatenation (a bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
   its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
@@ -376,10 +378,8 @@ def predict_kernels(dag: Dag) -> Dag:
                                                     if any(groups.find(p) == r for p in units[w].preds)):
             continue
         groups.union(r, g)
-        merged = groups.find(r)
-        group_members[merged] = group_members.pop(r, []) + (group_members.pop(g, []) if g != merged else [])
-        if g == merged:
-            group_members[g] = group_members[g] + members if members is not group_members[g] else group_members[g]
+        joined = group_members.pop(r, []) + group_members.pop(g, [])
+        group_members[groups.find(r)] = joined
 
     # -- 4. one DAG node per group / kept unit
     group_members = {}
