@@ -10,8 +10,8 @@ DAG of the same graph gets after Inductor's fusion:
   ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
   whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
   rank-major gathered buffer is one per member);
-- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) stay one kernel each, as do
-  collectives and waits;
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters (an embedding's
+  gradient accumulation) stay one kernel each, as do collectives and waits;
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
@@ -59,7 +59,7 @@ REDUCTION_OPS = frozenset({
 _VIEW_OPS = frozenset({"_unsafe_view", "alias", "view_as_real", "view_as_complex", "getitem"})
 #: views that copy when the input layout cannot be viewed in the new shape
 _MAYBE_COPY_VIEWS = frozenset({"reshape"})
-#: ops that write into another buffer (scatter-like): a kernel of their own, never inlined
+#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing
 _SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_accumulate", "_unsafe_index_put",
                           "scatter", "scatter_add", "scatter_reduce", "index_add", "copy_"})
 
@@ -239,15 +239,15 @@ def predict_kernels(dag: Dag) -> Dag:
             namespace, base = _base_op(node)
             if base == "cat" and _device_type(node) == "cpu":
                 kind = _NOP
-            elif base in EXTERN_OPS or namespace not in ("aten", "prims", ""):
-                kind = _EXTERN
+            elif base in EXTERN_OPS or base in _SCATTER_OPS or namespace not in ("aten", "prims", ""):
+                kind = _EXTERN  # a scatter writes a realised buffer in a kernel of its own, too
             else:
                 kind = _FUSABLE
         unit_of[i] = len(units)
         u = _Unit(kind=kind, members=[i], pos=float(i))
         if kind is _FUSABLE:
             base = _base_op(node)[1]
-            u.inlinable = base not in REDUCTION_OPS and base not in _SCATTER_OPS and _is_pointwise(node)
+            u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
             u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
         units.append(u)
     for i in range(n):
