@@ -229,7 +229,6 @@ def predict_kernels(dag: Dag) -> Dag:
     # -- 2. units: one per non-view node; a concatenation: one copy unit per input plus a no-kernel owner
     unit_of: list[int | None] = [None] * n
     units: list[_Unit] = []
-    cat_copies: dict[int, list[int]] = {}
     for i, node in enumerate(nodes):
         if is_view[i]:
             continue
@@ -286,7 +285,6 @@ def predict_kernels(dag: Dag) -> Dag:
                     c.preds.append(src_unit)
                 copies.append(len(units))
                 units.append(c)
-            cat_copies[uid] = copies
             unit.preds.extend(copies)
             unit.out_bytes = node.out_bytes
             continue
