@@ -78,7 +78,7 @@ class CostModel:
 
     def node_ms(self, node: DagNode) -> float:
         """Time of one DAG node: collectives priced, waits free, compute from calibration or roofline."""
-        if node.kind is NodeKind.WAIT:
+        if node.kind is NodeKind.WAIT or not node.launches_kernel:
             return 0.0
         if node.kind is NodeKind.COLLECTIVE:
             if node.collective is None:

@@ -46,6 +46,26 @@ def _layout_bytes(ir_node: Any) -> int:
     return numel * dtype.itemsize
 
 
+def _allocated_bytes(ir_node: Any) -> int:
+    """Bytes a buffer allocates: 0 for one laid out inside another buffer (a concatenation's input written
+    into its slice of the result: ``NonOwningLayout``)."""
+    from torch._inductor import ir
+
+    if isinstance(getattr(ir_node, "layout", None), ir.NonOwningLayout):
+        return 0
+    return _layout_bytes(ir_node)
+
+
+def _launches_kernel(snode: Any) -> bool:
+    """False for scheduler nodes that generate no kernel: a ``NopKernelSchedulerNode`` (a concatenation
+    whose inputs were written into its buffer) and the ``MultiOutput`` unpacking of a fallback kernel's
+    results."""
+    from torch._inductor import ir
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    return not (isinstance(snode, NopKernelSchedulerNode) or isinstance(getattr(snode, "node", None), ir.MultiOutput))
+
+
 def _dtype_name(ir_node: Any) -> str | None:
     dtype = getattr(getattr(ir_node, "layout", None), "dtype", None)
     return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
@@ -161,9 +181,10 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
         else:
             kind, op = NodeKind.COMPUTE, None
         buffers = list(snode.get_outputs())
-        out_bytes = sum(_layout_bytes(b.node) for b in buffers)
+        out_bytes = sum(_allocated_bytes(b.node) for b in buffers)
         node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
-                       dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode)
+                       dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode,
+                       launches_kernel=_launches_kernel(snode))
         deps = set()
         for dep in snode.read_writes.reads:
             if getattr(dep, "is_fake", False):

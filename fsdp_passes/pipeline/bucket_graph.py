@@ -195,6 +195,10 @@ def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options,
         after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
+        from ..dag.fusion import predict_kernels
+
+        # timed and sized as the kernels Inductor generates from the graph, as the scheduler pass sees them
+        before, after = predict_kernels(before), predict_kernels(after)
         fill_schedule_numbers(
             report,
             (before, list(range(len(before))), cost_model.estimate(before)),
