@@ -17,7 +17,8 @@ from ..dag.from_fx import dag_from_fx
 from ..dag.graph import Dag
 from ..options import Options
 from .auto import plan_auto
-from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
+from .manual import (UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, fqns_seen_hint,
+                     plan_manual)
 from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
 from .placement import issue_gathers_before_reductions, renumbered
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
@@ -179,7 +180,8 @@ def bucket_graph(
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
-            f"bucketable collective of graph with {plan.n_collectives_before} collectives",
+            f"bucketable collective of graph {graph_name} ({plan.n_collectives_before} collectives)"
+            + fqns_seen_hint(plan.fqns_seen),
             stacklevel=2,
         )
     stats = apply_buckets(graph, dag, plan.buckets)

@@ -56,6 +56,7 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
     def fallback(reason: str = "pass failed; graph left unchanged") -> None:
         _restore(graph, snapshot)
         report = GraphReport(graph=graph_name, pass_name="fx", fallback=reason, options=options.to_json())
+        _unchanged_numbers(report, graph, options)
         _publish(report, options)
         return None
 
@@ -64,6 +65,26 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
         _publish(report, options)
         log.info("fsdp_passes %s", report.one_line())
     return report
+
+
+def _unchanged_numbers(report: GraphReport, graph: fx.Graph, options: Options) -> None:
+    """Fill a fallback ``report`` with the numbers of the graph as it was left (before == after): its
+    collective count and, when the cost model can be built, its simulated time and memory."""
+    from ..dag.from_fx import dag_from_fx
+    from ..report import fill_schedule_numbers
+    from .scheduler_pass import unchanged_cost_model
+
+    try:
+        dag = dag_from_fx(graph)
+    except Exception as exc:  # the graph may be one the DAG builder cannot read: the counts stay unknown
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+        return
+    report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+    cost_model = unchanged_cost_model(options, report)
+    if cost_model is not None:
+        identity = list(range(len(dag)))
+        durations = cost_model.estimate(dag)
+        fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
 
 
 def _publish(report: GraphReport, options: Options) -> None:

@@ -134,7 +134,7 @@ def graph_name_for_scheduler() -> str:
 
 def run_guarded(pass_name: str, options: Options, fn: Callable[[], Any], fallback: Callable[[], Any],
                 skipped: Callable[[str], Any] | None = None) -> Any:
-    """Run ``fn``; on any exception warn (naming the pass and the reason) and return ``fallback()``,
+    """Run ``fn``; on any exception warn (naming the pass and the reason) and return ``fallback(reason)``,
     or raise ``FsdpPassError`` when ``options.strict``.
 
     A graph the passes leave alone by design (``UnplannableGraph``: unbacked sizes, unsupported node kinds)
@@ -153,8 +153,9 @@ def run_guarded(pass_name: str, options: Options, fn: Callable[[], Any], fallbac
         if options.strict:
             raise FsdpPassError(message) from exc
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-        log.warning(message)
-        return fallback()
+        if log.hasHandlers():  # without logging configured, logging's last resort would print it a second time
+            log.warning(message)
+        return fallback(f"pass failed, graph left as it was: {type(exc).__name__}: {exc}")
 
 
 class FsdpGraphPass(CustomGraphPass):
@@ -191,10 +192,9 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         name = graph_name_for_scheduler()
 
         def fallback(reason: str = "pass failed; input order kept") -> list:
-            from ..report import GraphReport, record
+            from .scheduler_pass import record_unchanged
 
-            record(GraphReport(graph=name, pass_name="scheduler", options=self.options.to_json(),
-                               fallback=reason))
+            record_unchanged(nodes, self.options, name, reason)
             return nodes
 
         return run_guarded(
