@@ -13,11 +13,23 @@ import os
 import sys
 from typing import Sequence
 
-PROG = "python -m fsdp_passes"
+PROG = "python -m fsdp_passes"  # how ``python -m`` runs it; the console script is named by ``prog_name``
+
+
+def prog_name(argv0: str | None = None) -> str:
+    """The command as the user typed it: the console script's name (``fsdp-passes``) when it is what runs,
+    else ``python -m fsdp_passes`` (also when ``main`` is called from another program)."""
+    base = os.path.basename(sys.argv[0] if argv0 is None else argv0)
+    if base.startswith("fsdp") and not base.endswith(".py"):
+        return base
+    return PROG
 
 
 NOTE = ("collectives: before bucketing -> after; exposed comm, makespan, peak memory: the schedule the "
         "reordering pass received (already bucketed) -> the one it chose; all simulated with the cost model.")
+
+
+BROKEN_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader closed the pipe
 
 
 class CliError(Exception):
@@ -96,11 +108,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     dumps = load_dumps(result.out)
     _say("")
-    _say(f"dumps: {result.out}/<graph>/ (schedule_before.txt, schedule_after.txt, buckets.json, dag.json, "
-         "dag.dot, summary.json)")
+    files = dumps[0].summary.get("files") if dumps else None
+    _say(f"dumps: {result.out}/<graph>/ ({', '.join(files or ['summary.json'])})")
+    skipped = {k: v for d in dumps for k, v in (d.summary.get("skipped_files") or {}).items()}
+    for why in skipped.values():
+        _say(f"  {why}")
     for d in dumps:
         _say(f"trace: {d.file('trace.json')}  (open in https://ui.perfetto.dev)")
-    _say(f"again: {PROG} report {result.out}")
+    _say(f"again: {prog_name()} report {result.out}")
     return 0
 
 
@@ -111,18 +126,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .cost_model import load_profile
     from .debug.dag_json import read_dag_json
     from .debug.reader import DumpError, load_dumps
-    from .debug.whatif import what_if, what_if_table
+    from .debug.whatif import what_if, what_if_table, world_size_of
 
-    try:
-        profile = load_profile(args.cluster)
-    except ValueError as exc:
-        raise CliError(f"--cluster: {exc}") from None
+    profile = None
+    if args.cluster is not None:
+        try:
+            profile = load_profile(args.cluster)
+        except ValueError as exc:
+            raise CliError(f"--cluster: {exc}") from None
     if args.world_size is not None and args.world_size < 1:
         raise CliError(f"--world-size {args.world_size}: expected an integer >= 1")
     if args.calibration is not None and not os.path.isfile(args.calibration):
         raise CliError(f"--calibration {args.calibration}: no such file")
     dumps = load_dumps(args.dir)
     results = []
+    clusters, worlds = [], []
     for d in dumps:
         path = d.file("dag.json")
         if not os.path.isfile(path):
@@ -132,10 +150,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise DumpError(str(exc)) from None
         dump.graph = dump.graph or d.name
-        results.append(what_if(dump, profile, world_size=args.world_size, fixed=args.fixed,
+        graph_profile = profile if profile is not None else _dumped_profile(dump, path)
+        clusters.append(graph_profile.name)
+        worlds.append(args.world_size or dump.meta.get("world_size") or world_size_of(dump.dag))
+        results.append(what_if(dump, graph_profile, world_size=args.world_size, fixed=args.fixed,
                                calibration=args.calibration, replan=not args.no_replan))
-    world = f"world size {args.world_size}" if args.world_size else "dumped world size"
-    _say(f"what-if for {args.dir}: cluster {profile.name}, {world}"
+    cluster = ", ".join(dict.fromkeys(clusters)) + ("" if profile is not None else " (from the dump)")
+    world_sizes = ", ".join(str(w) for w in dict.fromkeys(worlds) if w is not None) or "?"
+    world = f"world size {args.world_size}" if args.world_size else f"world size {world_sizes} (from the dump)"
+    _say(f"what-if for {args.dir}: cluster {cluster}, {world}"
          + (f" ({args.fixed} size fixed)" if args.world_size else ""))
     _say(what_if_table(results).rstrip("\n"))
     planners = sorted({r.planner for r in results})
@@ -143,6 +166,22 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     _say("before: order the scheduler pass received; dumped order: the order it chose, re-timed; "
          "re-planned: a new plan for these numbers. Times are per graph; a step runs each graph once.")
     return 0
+
+
+def _dumped_profile(dump, path: str):
+    """The cluster profile a dump was priced with (``dag.json``'s ``meta``); the shipped default when an
+    older dump did not record it."""
+    from .cost_model import load_profile
+    from .debug.reader import DumpError
+    from .options import Options
+
+    cluster = dump.meta.get("cluster")
+    if cluster is None:
+        cluster = Options().cluster
+    try:
+        return load_profile(cluster)
+    except ValueError as exc:
+        raise DumpError(f"{path}: the dumped cluster cannot be loaded ({exc}); give --cluster") from None
 
 
 # -- calibrate ------------------------------------------------------------------------------------------------
@@ -163,9 +202,20 @@ def _profiles() -> list[str]:
     return available_profiles()
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where the help already says it or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.required or action.nargs == 0 or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog_name(),
+        formatter_class=_DefaultsFormatter,
         description="Bucketing and overlap scheduling of FSDP collectives in torch.compile: demo, inspect dumps, "
                     "what-if estimates, calibration.",
     )
@@ -173,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     demo = sub.add_parser(
-        "demo", help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
+        "demo", formatter_class=_DefaultsFormatter,
+        help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
         description="Build a Llama-style model, shard it SimpleFSDP-style over a fake process group, compile "
                     "forward and backward with the passes on (stopping after Inductor's scheduler), write dumps and "
                     "print what the passes did. Needs no GPU and no cluster.",
@@ -193,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     report = sub.add_parser(
-        "report", help="print the tables of a dump folder, or compare two",
+        "report", formatter_class=_DefaultsFormatter,
+        help="print the tables of a dump folder, or compare two",
         description="Print per-graph tables (collectives, exposed comm, makespan, peak memory before -> after, "
                     "lower bound) of a dump folder written with debug_dir; with a second folder, compare them "
                     "side by side (graphs matched by name, else in compile order).",
@@ -203,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     simulate = sub.add_parser(
-        "simulate", help="what-if: re-estimate dumped graphs on another cluster profile / world size",
+        "simulate", formatter_class=_DefaultsFormatter,
+        help="what-if: re-estimate dumped graphs on another cluster profile / world size",
         description="Reload each graph's dag.json, re-estimate every node on another cluster profile (and world "
                     "size), and print the predicted time and exposed communication of the order before the pass, "
                     "of the order it chose, and of a fresh plan. World-size scaling resizes the process groups "
@@ -212,10 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "group. Compute is unchanged (same per-rank batch).",
     )
     simulate.add_argument("dir", help="dump folder")
-    simulate.add_argument("--cluster", default="h100-nvlink",
-                          help="cluster profile name or JSON file (shipped: " + ", ".join(_profiles()) + ")")
+    simulate.add_argument("--cluster", default=None,
+                          help="cluster profile name or JSON file (default: the cluster the dump was made with, "
+                               "recorded in its dag.json; shipped: " + ", ".join(_profiles()) + ")")
     simulate.add_argument("--world-size", type=int, default=None,
-                          help="resize the world-sized process groups to this many ranks (default: as dumped)")
+                          help="resize the world-sized process groups to this many ranks (default: the world "
+                               "size the dump was made with)")
     simulate.add_argument("--fixed", choices=("model", "shard"), default="model",
                           help="what stays fixed when the world size changes (default model)")
     simulate.add_argument("--calibration", default=None, help="calibration JSON file to price nodes with")
@@ -223,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.set_defaults(func=cmd_simulate)
 
     cal = sub.add_parser(
-        "calibrate", help="measure collective times on this machine / job and write a calibration table",
+        "calibrate", formatter_class=_DefaultsFormatter,
+        help="measure collective times on this machine / job and write a calibration table",
         description="Measure collective times (under torchrun: on the job's ranks; otherwise on --world-size local "
                     "gloo processes) and write a calibration JSON for Options(calibration=...).",
     )
@@ -241,16 +297,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    prog = parser.prog
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (``report DIR | head -1``): end quietly, as a killed pipe does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return BROKEN_PIPE_EXIT
     except (CliError, DumpError, DagJsonError) as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:  # bad option values (cluster name, sizes...), unwritable folders
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
