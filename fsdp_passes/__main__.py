@@ -107,6 +107,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .debug.reader import load_dumps
 
     dumps = load_dumps(result.out)
+    if result.baseline is not None:
+        _say("")
+        _say(_headline(load_dumps(result.baseline), dumps))
     _say("")
     files = dumps[0].summary.get("files") if dumps else None
     _say(f"dumps: {result.out}/<graph>/ ({', '.join(files or ['summary.json'])})")
@@ -116,7 +119,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for d in dumps:
         _say(f"trace: {d.file('trace.json')}  (open in https://ui.perfetto.dev)")
     _say(f"again: {prog_name()} report {result.out}")
+    if result.baseline is not None:
+        _say(f"graph by graph against no passes: {prog_name()} report {result.baseline} {result.out}")
     return 0
+
+
+def _headline(baseline: list, passes: list) -> str:
+    """The step (all graphs) without any pass -> with the passes: the demo's comparable headline."""
+    from .debug.tables import summary_table, totals
+
+    before = totals([d.summary for d in baseline])
+    after = totals([d.summary for d in passes])
+    step = {"graph": f"step without any pass ({len(baseline)} graphs) -> with the passes ({len(passes)} graphs)"}
+    for key in ("n_collectives", "exposed_comm_ms", "makespan_ms", "peak_memory_bytes"):
+        step[f"{key}_before"] = before[f"{key}_after"]
+        step[f"{key}_after"] = after[f"{key}_after"]
+    step["lower_bound_ms"] = after["lower_bound_ms"]
+    return summary_table(step).rstrip("\n")
 
 
 # -- simulate -------------------------------------------------------------------------------------------------

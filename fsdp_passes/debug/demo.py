@@ -8,6 +8,10 @@ kernels need building.  ``full_compile=True`` runs a real ``torch.compile`` step
 
 When a pass falls back (it failed, or its planner is not installed) the demo still writes a dump of the
 unchanged schedule for that graph, marked with the reason, so the numbers of the baseline are visible.
+
+The same step is first compiled with the passes doing nothing (``bucketing="none"``, ``reorder=False``;
+dumps in ``<out>/baseline``): the headline compares every mode against that step, so the numbers of
+auto, manual and none are comparable with each other.
 """
 
 from __future__ import annotations
@@ -73,9 +77,13 @@ class DemoConfig:
             )
 
 
+BASELINE_DIR = "baseline"  # sub-folder of the dump folder: the same step compiled without any pass
+
+
 @dataclass
 class DemoResult:
     out: str
+    baseline: str | None = None  # dumps of the step without any pass (bucketing="none", reorder=False)
     graphs: list[str] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
@@ -197,6 +205,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
     out = os.path.abspath(cfg.out)
     options["debug_dir"] = out
     os.makedirs(out, exist_ok=True)
+    baseline_dir = os.path.join(out, BASELINE_DIR)
+    _clear_old_dumps(baseline_dir)
     removed = _clear_old_dumps(out)
     if removed:
         say(f"removed {removed} graph dump(s) of an earlier run from {out}")
@@ -222,6 +232,12 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
         inputs = example_inputs(model, batch=cfg.batch, seed=0)
         n_params = sum(p.numel() for p in model.parameters()) * cfg.world_size
         say(f"  {n_params / 1e6:.2f} M parameters, {len(list(model.parameters()))} sharded tensors")
+        # the baseline: the same step with the passes doing nothing, so every mode is reported against it
+        say("compiling the step without any pass (the baseline) ...")
+        torch._dynamo.reset()
+        with fsdp_passes.enabled(bucketing="none", reorder=False, cluster=cfg.cluster, debug_dir=baseline_dir):
+            capture_scheduler_nodes(model, *inputs)
+        result.baseline = baseline_dir
         last_reports(clear=True)
         torch._dynamo.reset()
         with fsdp_passes.enabled(**options) as opts:
