@@ -45,10 +45,12 @@ class Options:
     bucket_cap_mb: largest bucket the auto planner builds, in MiB of gathered / pre-scatter payload.
     bucket_non_fsdp: also bucket collectives that are not FSDP parameter gathers / gradient reductions.
     reorder: run the scheduling pass (prefetch all-gathers, sink waits).
-    cluster: name of a shipped cluster profile or a mapping of profile values.
-    calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``).
+    cluster: name of a shipped cluster profile, a profile JSON file or a mapping of profile values.
+    calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``); loaded and checked
+        when the options are made.
     memory_budget: extra peak memory the passes may add over the unplanned graph: bytes (int), a size
-        string ("512MB", "2GiB") or a percentage of the baseline peak ("5%").
+        string with its unit ("512MB", "2GiB", "4096B"; a bare "5" is ambiguous and rejected) or a
+        percentage of the baseline peak ("5%").
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
@@ -109,9 +111,10 @@ class Options:
         try:
             return dataclasses.replace(base, **changes)
         except OptionError as exc:
+            if exc.option not in changes:  # a combination: name every variable that took part
+                applied = ", ".join(f"{ENV_PREFIX + n.upper()}={environ[ENV_PREFIX + n.upper()]!r}" for n in changes)
+                raise ValueError(f"{exc} (with the environment variables {applied})") from None
             key = ENV_PREFIX + exc.option.upper()
-            if exc.option not in changes:
-                raise
             raise ValueError(f"environment variable {key}={environ[key]!r} is not valid: {exc}") from None
 
 

@@ -181,6 +181,7 @@ BAD_ENV = [
      ["FSDP_PASSES_BUCKET_PLAN", "layers.[3-1]", PLAN_SYNTAX]),
     ({"FSDP_PASSES_BUCKETING": "manual", "FSDP_PASSES_BUCKET_PLAN": '["layers.0"'},
      ["FSDP_PASSES_BUCKET_PLAN", "JSON"]),
+    ({"FSDP_PASSES_BUCKETING": "manual"}, ["bucket_plan", "FSDP_PASSES_BUCKETING='manual'"]),
 ]
 
 

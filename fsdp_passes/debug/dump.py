@@ -37,7 +37,7 @@ from ..dag.graph import Dag
 from ..report import GraphReport, last_reports
 from ..simulate import chrome_trace, simulate
 from .dag_json import dag_to_json
-from .plot import matplotlib_missing_note
+from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
 
 log = logging.getLogger("fsdp_passes")
@@ -275,6 +275,8 @@ def write_scheduler_dump(
         after_txt = schedule_table(dag, after_order, durations, ta, was=before_order,
                                    title=f"graph {report.graph}: schedule after the pass "
                                          "(was: position before the pass)")
+        if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
+            summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
         emit_artifacts(summary, before_txt, after_txt)
         if not debug_dir:
             return None
@@ -299,10 +301,8 @@ def write_scheduler_dump(
         png = os.path.join(folder, "timeline.png")
         if write_timeline_png(png, dag, {"before": tb, "after": ta}, title=report.graph):
             files.append("timeline.png")
-        else:
-            summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
-            if os.path.exists(png):
-                os.remove(png)  # stale, from an earlier run with matplotlib
+        elif os.path.exists(png):
+            os.remove(png)  # stale, from an earlier run with matplotlib
         summary["files"] = files
         _write_json(os.path.join(folder, "summary.json"), summary)
         log.debug("fsdp_passes %s: dump written to %s", report.graph, folder)

@@ -15,6 +15,15 @@ log = logging.getLogger("fsdp_passes")
 _COLOURS = {"compute": "#4c78a8", "wait": "#e45756", "collective": "#f58518"}
 
 
+def can_plot() -> bool:
+    """Whether matplotlib (which ``write_timeline_png`` needs) can be imported."""
+    try:
+        from matplotlib.figure import Figure  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
 @functools.lru_cache(maxsize=1)
 def matplotlib_missing_note() -> str:
     """Why timeline.png is not written; logged at INFO the first time it is asked for in a process."""

@@ -115,6 +115,5 @@ def record_unchanged(nodes: Sequence[Any], options: Options, graph_name: str, re
             report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
     except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
         report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
-    record(report)
-    log.info("fsdp_passes %s", report.one_line())
+    record(report)  # not logged again: run_guarded already said why the pass fell back
     return report
