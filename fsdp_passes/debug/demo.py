@@ -109,7 +109,12 @@ class _DemoSchedulerPass:
         fx_name = self._pending_fx_name(kind)
         out = self.inner(nodes)
         reports = [r for r in last_reports() if r.pass_name == "scheduler"]
-        if len(reports) > n_before:
+        if len(reports) > n_before and reports[-1].fallback:  # the pass dumped the unchanged schedule itself
+            name = reports[-1].graph
+            self.result.fallbacks[name] = reports[-1].fallback
+            self.say(f"  {'backward' if kind == 'bwd' else 'forward'} graph {name}: {len(nodes)} scheduler nodes; "
+                     f"reordering fell back, the unchanged schedule is dumped ({reports[-1].fallback})")
+        elif len(reports) > n_before:
             name = reports[-1].graph
             self.say(f"  {'backward' if kind == 'bwd' else 'forward'} graph {name}: {len(nodes)} scheduler nodes, "
                      f"{reports[-1].collectives_moved} collectives moved")
