@@ -15,7 +15,7 @@ from typing import Any, Iterator
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
-from .report import GraphReport, last_reports  # noqa: E402
+from .pipeline.report import GraphReport  # noqa: E402
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
@@ -23,10 +23,10 @@ def enable(options: Options | None = None, **kwargs: Any) -> Options:
 
     Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``; keywords win),
     then ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value, an unknown keyword
-    or an unknown ``FSDP_PASSES_*`` variable raises ``ValueError`` naming it.  Calling ``enable`` again replaces the options; passes already set in those config
-    slots by the user keep running alongside ours.  Returns the options in force.
+    or an unknown ``FSDP_PASSES_*`` variable raises ``ValueError`` naming it.  Calling ``enable`` again replaces the options; passes already set
+    in those config slots by the user keep running alongside ours.  Returns the options in force.
     """
-    from .inductor.hooks import install
+    from .inductor.install import install
 
     resolved = Options.from_env(_merged_options("enable", options, kwargs))
     install(resolved)
@@ -35,7 +35,7 @@ def enable(options: Options | None = None, **kwargs: Any) -> Options:
 
 def disable() -> None:
     """Remove the passes and restore the touched ``torch._inductor.config`` values exactly as they were."""
-    from .inductor.hooks import uninstall
+    from .inductor.install import uninstall
 
     uninstall()
 
@@ -43,7 +43,7 @@ def disable() -> None:
 @contextlib.contextmanager
 def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
     """``enable(...)`` for the duration of a ``with`` block; the previous state is restored afterwards."""
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     previous = active_options()
     resolved = enable(options, **kwargs)
@@ -53,15 +53,23 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
         if previous is None:
             disable()
         else:
-            from .inductor.hooks import install
+            from .inductor.install import install
 
             install(previous)
 
 
 def is_enabled() -> bool:
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     return active_options() is not None
+
+
+def last_reports(clear: bool = False) -> list[GraphReport]:
+    """Reports of the graphs compiled with the passes in this process, oldest first (at most 256 kept);
+    ``clear=True`` empties the history after reading it."""
+    from .inductor.install import last_reports as _last_reports
+
+    return _last_reports(clear)
 
 
 def _merged_options(function: str, options: Options | None, kwargs: dict[str, Any]) -> Options:
@@ -92,7 +100,7 @@ def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> A
 
     Keyword options are applied over ``options`` (keywords win), as in ``enable``.
     """
-    from .bucketing import bucket_graph as _bucket_graph
+    from .pipeline import bucket_graph as _bucket_graph
 
     return _bucket_graph(graph, _merged_options("bucket_graph", options, kwargs))
 
@@ -102,7 +110,16 @@ def verify_rank_consistency(group: Any = None) -> None:
     different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
     from .debug.consistency import verify_rank_consistency as _verify
 
-    _verify(group)
+    _verify(last_reports(), group)
+
+
+def calibrate_from_trace(path: Any, base: Any = None) -> Any:
+    """A ``Calibration`` measured from a ``torch.profiler`` Chrome trace of a real training step: compiled
+    kernels by name, collectives by op, size and group size (see ``fsdp_passes.cost_model.trace_calibration``).
+    Save it (``.save(path)``) and pass the path as ``enable(calibration=...)``."""
+    from .cost_model.trace_calibration import calibrate_from_trace as _calibrate
+
+    return _calibrate(path, base)
 
 
 def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
@@ -125,6 +142,7 @@ __all__ = [
     "GraphReport",
     "Options",
     "bucket_graph",
+    "calibrate_from_trace",
     "disable",
     "enable",
     "enabled",

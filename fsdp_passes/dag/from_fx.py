@@ -215,7 +215,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             node.alias_of = index.get(base)
             node.out_bytes = 0
         else:
-            from ..cost_model.flops import aten_flops, has_flop_formula
+            from .flops import aten_flops, has_flop_formula
 
             if has_flop_formula(fx_node.target):  # most nodes have none: skip building their arguments
                 try:

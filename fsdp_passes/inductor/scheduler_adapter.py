@@ -73,10 +73,53 @@ def _op_name(snode: Any) -> str:
     return type(snode).__name__
 
 
+def _kernel_key(snode: Any) -> str | None:
+    """What a measured kernel time of this node is looked up by (``DagNode.kernel_key``).
+
+    A generated kernel: the name stem Inductor gives it at code generation ("fused_relu_sum" of
+    "cpp_fused_relu_sum_3" / "triton_poi_fused_relu_sum_3"), from the same naming function.  An extern
+    kernel: "<aten op> <shapes>" (``aten.mm float32[2,64];...``) with its inputs' (and out-variant output's) shapes, as ``calibrate_from_trace`` keys the aten op events
+    of a profiled step.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import get_fused_kernel_name
+
+    node = getattr(snode, "node", None)
+    overload = getattr(node, "op_overload", None)
+    if isinstance(overload, torch._ops.OpOverload):
+        from torch._inductor import ir
+
+        # an out-variant extern (extern_kernels.mm(a, b, out=buf)) shows its output among its inputs
+        tensors = list(getattr(node, "inputs", ()) or ()) + ([node] if isinstance(node, ir.ExternKernelOut) else [])
+        shapes = []
+        for inp in tensors:
+            layout = getattr(inp, "layout", None)
+            size, dtype = getattr(layout, "size", None), getattr(layout, "dtype", None)
+            if size is None or not isinstance(dtype, torch.dtype):
+                continue
+            try:
+                dims = ",".join(str(_size_hint(d)) for d in size)
+            except Exception:  # an unhinted size: no key, the roofline prices the node
+                return None
+            shapes.append(f"{str(dtype).replace('torch.', '')}[{dims}]")
+        # the profiler names the op packet (aten::mm), not the overload (mm.out)
+        return f"{overload.namespace}.{overload._opname} {';'.join(shapes)}"
+    try:
+        if snode.is_extern():
+            return None  # an extern kernel without an aten overload: nothing to match it by
+        device = snode.get_device()
+        descriptive = (inductor_config.cpp.descriptive_names if getattr(device, "type", "cpu") == "cpu"
+                       else inductor_config.triton.descriptive_names)
+        name = get_fused_kernel_name(snode.get_nodes(), descriptive)
+    except Exception:  # origins without metadata: no name to match
+        return None
+    return name if name != "fused" else None
+
+
 def _flops(snode: Any) -> float:
     """FLOPs of the node's origin op from the flop formulas on its (size-hinted) shapes, as the FX DAG counts
     them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a fallback."""
-    from ..cost_model.flops import aten_flops, has_flop_formula
+    from ..dag.flops import aten_flops, has_flop_formula
     from ..dag.from_fx import fx_values, size_hinted
 
     origin = None
@@ -155,6 +198,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
                 node.group_name = nodes[target].group_name
         else:
             node.flops = _flops(snode)
+            node.kernel_key = _kernel_key(snode)
             try:
                 total = int(snode.get_read_write_buffers_sizes())
             except Exception:

@@ -7,8 +7,8 @@ import time
 from typing import Any, Sequence
 
 from ..options import Options
-from ..report import GraphReport, fill_schedule_numbers, find_report, record
-from .hooks import injected
+from ..pipeline.report import GraphReport, fill_schedule_numbers
+from .failure_injection import injected
 from .scheduler_adapter import dag_from_scheduler_nodes
 
 log = logging.getLogger("fsdp_passes")
@@ -19,7 +19,8 @@ class InvalidOrder(ValueError):
 
 
 def reorder_scheduler_nodes(
-    nodes: Sequence[Any], options: Options, graph_name: str = "graph", cost_model: Any = None
+    nodes: Sequence[Any], options: Options, graph_name: str = "graph", cost_model: Any = None,
+    fx_report: GraphReport | None = None,
 ) -> tuple[list[Any], GraphReport]:
     """Plan an overlap-friendly order of ``nodes`` (Inductor scheduler nodes) and return it with its report.
 
@@ -27,6 +28,8 @@ def reorder_scheduler_nodes(
     can try several option sets on one capture.  The returned order has been validated: same nodes, every
     dependency respected, every process group's collectives in their original order.  Raises
     ``InvalidOrder`` if the policy proposed anything else (the installed pass then keeps the input order).
+    ``fx_report``: what the FX pass did to the same graph; what it added to the peak is taken off the
+    memory budget, and the dump folds it in.
     """
     from ..cost_model import CostModel
     from ..reordering import plan_order
@@ -45,7 +48,6 @@ def reorder_scheduler_nodes(
         report.extra["memory_budget_total_bytes"] = budget
         # one budget for the whole graph: what the FX pass (bucketing, placement) already added to the peak
         # is not available to reordering any more
-        fx_report = find_report(graph_name, "fx")
         if fx_report is not None and fx_report.fallback is None:
             used = max(0, fx_report.peak_memory_bytes_after - fx_report.peak_memory_bytes_before)
             budget = max(0, budget - used)
@@ -72,12 +74,11 @@ def reorder_scheduler_nodes(
         raise RuntimeError("injected failure in the scheduler pass")
     timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
     report.pass_time_s = time.perf_counter() - start
-    record(report)
     log.info("fsdp_passes %s", report.one_line())
     from ..debug import write_scheduler_dump
 
     # always: it also emits the tlparse artifacts and DEBUG move reasons; files only with a debug_dir
-    write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines)
+    write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines, fx_report=fx_report)
     return [nodes[i] for i in order], report
 
 
@@ -97,9 +98,11 @@ def unchanged_cost_model(options: Options, report: GraphReport) -> Any:
         return None
 
 
-def record_unchanged(nodes: Sequence[Any], options: Options, graph_name: str, reason: str) -> GraphReport:
+def unchanged_schedule_report(nodes: Sequence[Any], options: Options, graph_name: str, reason: str,
+                              fx_report: GraphReport | None = None) -> GraphReport:
     """The report (and, with ``options.debug_dir``, the dump) of a graph whose input order was kept because
-    the pass fell back: the unchanged schedule, its simulation and ``reason``.  Never raises."""
+    the pass fell back: the unchanged schedule, its simulation and ``reason``.  ``fx_report``: what the FX
+    pass did to the same graph (folded into the dump).  Never raises."""
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json(), fallback=reason)
     try:
         dag = dag_from_scheduler_nodes(list(nodes))
@@ -110,10 +113,10 @@ def record_unchanged(nodes: Sequence[Any], options: Options, graph_name: str, re
             timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
             from ..debug import write_scheduler_dump
 
-            write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines)
+            write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
+                                 fx_report=fx_report)
         else:
             report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
     except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
         report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
-    record(report)  # not logged again: run_guarded already said why the pass fell back
-    return report
+    return report  # not logged again: run_guarded already said why the pass fell back

@@ -6,6 +6,11 @@
 - A wait first blocks the compute stream until its collective has finished (that blocked time is the
   collective's exposed time), then takes its own duration (normally 0) like any compute node.
 - A collective nobody waits on is exposed by however long it runs past the end of the compute stream.
+
+With ``OverlapCosts`` (a cluster profile's overlap terms, see ``CostModel.overlap_costs``) two more rules
+apply: issuing a collective holds the compute stream for ``issue_ms`` before the collective can start, and
+compute that runs while any collective is in flight progresses ``1 + compute_slowdown`` times slower for as
+long as the collectives run (the rest of the node runs at full speed).
 """
 
 from __future__ import annotations
@@ -21,6 +26,32 @@ from .memory import memory_curve, wait_collectives
 
 _COMPUTE, _COLLECTIVE, _WAIT = 0, 1, 2
 _KIND_CODE = {NodeKind.COMPUTE: _COMPUTE, NodeKind.COLLECTIVE: _COLLECTIVE, NodeKind.WAIT: _WAIT}
+
+
+@dataclass(frozen=True)
+class OverlapCosts:
+    """What overlapping costs: host issue time per collective (ms) and compute slowdown while one runs."""
+
+    issue_ms: float = 0.0
+    compute_slowdown: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("issue_ms", "compute_slowdown"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"OverlapCosts.{name}={v!r} is not valid: expected a non-negative finite number")
+
+
+def _slowed_end(t: float, work: float, comm_until: float, slowdown: float) -> float:
+    """End of ``work`` ms of compute started at ``t`` that runs ``1 + slowdown`` times slower until
+    ``comm_until`` (while collectives are in flight) and at full speed after."""
+    if slowdown <= 0.0 or comm_until <= t or work <= 0.0:
+        return t + work
+    stretched = work * (1.0 + slowdown)
+    if t + stretched <= comm_until:
+        return t + stretched
+    done_while_slow = (comm_until - t) / (1.0 + slowdown)
+    return comm_until + (work - done_while_slow)
 
 
 def group_key(group_name: str | None) -> str:
@@ -109,8 +140,13 @@ def check_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
     return dur
 
 
-def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Timeline:
+def simulate(
+    dag: Dag, order: Sequence[int], durations: Sequence[float], overlap: OverlapCosts | None = None
+) -> Timeline:
     """Timeline of running ``dag`` in ``order`` with ``durations`` (ms per node id).
+
+    ``overlap`` adds the host issue time of collectives and the compute slowdown while they run (see the
+    module docstring); without it overlapping is free.
 
     Raises ValueError if ``order`` is not a permutation, breaks a dependency or changes the issue order of
     a process group's collectives (every rank must issue the same sequence).
@@ -131,6 +167,10 @@ def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Time
     comm_time: dict[str, float] = {}
     exposed: dict[int, float] = {}
     wait_blocked: dict[int, float] = {}
+    if overlap is not None and not isinstance(overlap, OverlapCosts):
+        raise ValueError(f"overlap: expected OverlapCosts or None, got {type(overlap).__name__}")
+    issue_ms = overlap.issue_ms if overlap is not None else 0.0
+    slowdown = overlap.compute_slowdown if overlap is not None else 0.0
     t = 0.0
     busy = 0.0
     for i in order:
@@ -138,6 +178,8 @@ def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Time
         d = dur[i]
         issue[i] = t
         if k == _COLLECTIVE:
+            t += issue_ms
+            busy += issue_ms
             g = group[i]
             s = stream_end.get(g, 0.0)
             if s < t:
@@ -161,8 +203,13 @@ def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Time
                 exposed[c] += blocked
                 wait_blocked[i] = blocked
                 t += blocked
-        t += d
-        busy += d
+        if slowdown > 0.0 and d > 0.0 and stream_end:
+            e = _slowed_end(t, d, max(stream_end.values()), slowdown)
+            busy += e - t
+            t = e
+        else:
+            t += d
+            busy += d
         end[i] = t
 
     compute_end = t

@@ -22,7 +22,7 @@ from .models import (
     simple_fsdp,
 )
 from .process_group import fake_process_group
-from ..inductor.hooks import inject_failure
+from ..inductor.failure_injection import inject_failure
 
 __all__ = [
     "DagBuilder",

@@ -1,0 +1,204 @@
+"""Running bucketing on one FX graph: plan (``bucketing.plan_manual`` / ``plan_auto``), rewrite, place, report.
+
+``bucket_graph(graph, options)`` is the one call for a captured post-grad graph: it builds the DAG, plans
+according to ``options.bucketing`` ("auto", "manual" with ``options.bucket_plan``, or "none"), rewrites the
+graph in place and returns what it did.  See docs/bucketing.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch.fx as fx
+
+from ..dag.from_fx import dag_from_fx
+from ..dag.graph import Dag
+from ..options import Options
+from ..bucketing.manual import describe_entries, fqns_seen_hint
+from ..bucketing.plan import Bucket
+from ..bucketing.placement import issue_gathers_before_reductions, renumbered
+from ..bucketing.rewrite import RewriteStats, apply_buckets
+from .plans import plan_bucketing
+
+__all__ = ["BucketingResult", "bucket_graph", "plan_bucketing"]
+
+
+@dataclass
+class BucketingResult:
+    """What ``bucket_graph`` did to one graph.
+
+    ``buckets``: every planned bucket (single-member ones included: their ``close_reason`` says why they did
+    not grow); ``unbucketed``: collective name -> why it was not considered; ``unmatched_entries``: manual
+    plan entries that matched nothing in this graph (only when not strict); ``collectives``: names of the
+    merged collectives now in the graph.
+    """
+
+    mode: str
+    buckets: list[Bucket]
+    n_collectives_before: int
+    n_collectives_after: int
+    unbucketed: dict[str, str] = field(default_factory=dict)
+    unmatched_entries: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+    rewrite: RewriteStats | None = None
+    choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their simulated scores)
+    report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
+
+    @property
+    def merged(self) -> list[Bucket]:
+        return [b for b in self.buckets if len(b) > 1]
+
+    def summary(self) -> str:
+        lines = [
+            f"bucketing={self.mode}: {self.n_collectives_before} -> {self.n_collectives_after} collectives "
+            f"({len(self.merged)} merged buckets)"
+        ]
+        if self.choice is not None:
+            lines.append("  " + _describe_choice(self.choice))
+        for b in self.merged:
+            lines.append(
+                f"  {b.op.value} pg={b.group_name} {b.dtype} x{len(b)} {b.comm_bytes} B [{b.label}] "
+                f"closed by {b.close_reason}"
+            )
+        if self.unmatched_entries:
+            lines.append(f"  plan entries matching nothing: {', '.join(self.unmatched_entries)}")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "n_collectives_before": self.n_collectives_before,
+            "n_collectives_after": self.n_collectives_after,
+            "buckets": [b.to_json() for b in self.buckets],
+            "unbucketed": dict(self.unbucketed),
+            "unmatched_entries": list(self.unmatched_entries),
+            "collectives": list(self.collectives),
+            "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
+            **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
+        }
+
+
+def bucket_graph(
+    graph: fx.Graph | fx.GraphModule,
+    options: Options | None = None,
+    cost_model: Any = None,
+    *,
+    param_fqns: Mapping[str, str] | None = None,
+    baseline_peak: int | None = None,
+    graph_name: str = "graph",
+) -> BucketingResult:
+    """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
+
+    cost_model: a ``fsdp_passes.cost_model.CostModel`` for ``bucketing="auto"`` (default: one built from
+        ``options.cluster`` / ``options.calibration``).
+    param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
+    baseline_peak: the unbucketed graph's peak memory in bytes, for a percentage ``memory_budget``
+        (default: simulated from the DAG in graph order).
+    graph_name: names the graph in ``result.report``.
+
+    Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
+    ``options.strict``; otherwise they are reported in the result and warned about.
+    """
+    options = options or Options()
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    dag = dag_from_fx(g)
+    if cost_model is None and options.bucketing != "none":
+        from ..cost_model import CostModel
+
+        cost_model = CostModel.from_options(options.cluster, options.calibration)
+    choice = None
+    if options.bucketing == "auto":
+        from ..simulate.memory import peak_memory
+        from .choice import choose_auto_plan
+
+        base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
+        choice = choose_auto_plan(g, dag, options, cost_model, base_peak, param_fqns=param_fqns)
+        plan, after = choice.plan, choice.after
+    else:
+        plan, after = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns), None
+    if plan.unmatched_entries:
+        warnings.warn(
+            f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
+            f"bucketable collective of graph {graph_name} ({plan.n_collectives_before} collectives)"
+            + fqns_seen_hint(plan.fqns_seen),
+            stacklevel=2,
+        )
+    stats = apply_buckets(graph, dag, plan.buckets)
+    if options.reorder:
+        placed = _place_gathers(g, dag, options, baseline_peak)
+        if placed is not None:
+            stats.gathers_ahead_of_reductions, after = placed
+    result = BucketingResult(
+        mode=options.bucketing,
+        buckets=plan.buckets,
+        n_collectives_before=plan.n_collectives_before,
+        n_collectives_after=plan.n_collectives_after,
+        unbucketed={dag.nodes[i].name: why for i, why in sorted(plan.unbucketed.items())},
+        unmatched_entries=list(plan.unmatched_entries),
+        collectives=list(stats.collectives),
+        rewrite=stats,
+        choice=choice,
+    )
+    result.report = _report(result, dag, g, options, cost_model, graph_name, after)
+    return result
+
+
+def _place_gathers(g: fx.Graph, original: Dag, options: Options,
+                   baseline_peak: int | None) -> tuple[int, Dag] | None:
+    """Let backward re-gathers go ahead of the reductions before them (``placement.py``), if the graph's
+    simulated peak stays within the memory budget of the original graph; else leave the order as it was.
+    Returns (gathers moved, DAG of the result), or None when nothing moved."""
+    from ..simulate.memory import peak_memory
+
+    order = list(g.nodes)
+    before = dag_from_fx(g)
+    moved = issue_gathers_before_reductions(g, before)
+    if not moved:
+        return None
+    base = peak_memory(original, list(range(len(original)))) if baseline_peak is None else baseline_peak
+    after = renumbered(before, g) or dag_from_fx(g)
+    if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
+        return moved, after
+    anchor = g._root  # over budget: put every node back where it was
+    for node in order:
+        anchor.append(node)
+        anchor = node
+    return None
+
+
+def _describe_choice(choice: Any) -> str:
+    if not choice.scored:
+        return f"auto chose {choice.chosen}: {choice.note}"
+    parts = []
+    for c in choice.candidates:
+        if c.skipped:
+            parts.append(f"{c.name} skipped ({c.skipped})")
+        elif c.same_as:
+            parts.append(f"{c.name}=={c.same_as}")
+        elif c.rejected:
+            parts.append(f"{c.name} rejected ({c.rejected})")
+        else:
+            parts.append(f"{c.name} {c.makespan_ms:.4g} ms / exposed {c.exposed_ms:.4g} ms / {c.n_collectives} coll")
+    return f"auto chose {choice.chosen} of: " + "; ".join(parts)
+
+
+def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,
+            graph_name: str, after: Dag | None = None) -> Any:
+    """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
+    from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
+
+    report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
+                         n_collectives_after=result.n_collectives_after, options=options.to_json())
+    report.extra["bucketing"] = result.to_json()
+    if after is None:
+        after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
+    report.collective_fingerprint = collective_fingerprint(after)
+    if cost_model is not None:
+        fill_schedule_numbers(
+            report,
+            (before, list(range(len(before))), cost_model.estimate(before)),
+            (after, list(range(len(after))), cost_model.estimate(after)),
+        )
+    return report
