@@ -72,18 +72,17 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
 
 def _unchanged_numbers(report: GraphReport, graph: fx.Graph, options: Options) -> None:
     """Fill a fallback ``report`` with the numbers of the graph as it was left (before == after): its
-    collective count and, when the cost model can be built, its simulated time and memory."""
+    collective count and, when the cost model can be built, its simulated time and memory.  Never raises."""
     try:
         dag = dag_from_fx(graph)
-    except Exception as exc:  # the graph may be one the DAG builder cannot read: the counts stay unknown
+        report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+        cost_model = unchanged_cost_model(options, report)
+        if cost_model is not None:
+            identity = list(range(len(dag)))
+            durations = cost_model.estimate(dag)
+            fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
         report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
-        return
-    report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
-    cost_model = unchanged_cost_model(options, report)
-    if cost_model is not None:
-        identity = list(range(len(dag)))
-        durations = cost_model.estimate(dag)
-        fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
 
 
 __all__ = ["run_fx_pass"]
