@@ -22,17 +22,14 @@ from .pipeline.report import GraphReport  # noqa: E402
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
     """Install the passes into ``torch._inductor.config`` for every later ``torch.compile``.
 
-    Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``), then
-    ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value raises ``ValueError``
-    naming the option.  Calling ``enable`` again replaces the options; passes already set in those config
-    slots by the user keep running alongside ours.  Returns the options in force.
+    Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``; keywords win),
+    then ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value, an unknown keyword
+    or an unknown ``FSDP_PASSES_*`` variable raises ``ValueError`` naming it.  Calling ``enable`` again replaces the options; passes already set
+    in those config slots by the user keep running alongside ours.  Returns the options in force.
     """
     from .inductor.install import install
 
-    if options is not None and not isinstance(options, Options):
-        raise ValueError(f"fsdp_passes.enable(options={options!r}): expected an fsdp_passes.Options or keywords")
-    base = options.replace(**kwargs) if options is not None else Options(**_checked_kwargs(kwargs))
-    resolved = Options.from_env(base)
+    resolved = Options.from_env(_merged_options("enable", options, kwargs))
     install(resolved)
     return resolved
 
@@ -85,21 +82,37 @@ def last_reports(clear: bool = False) -> list[GraphReport]:
     return _last_reports(clear)
 
 
-def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    import dataclasses
+def _merged_options(function: str, options: Options | None, kwargs: dict[str, Any]) -> Options:
+    """``options`` (default ``Options()``) with the keyword arguments applied over it, validated.
 
-    known = {f.name for f in dataclasses.fields(Options)}
-    unknown = sorted(set(kwargs) - known)
+    Every function that takes both an ``Options`` and keywords merges them this one way: keywords win.
+    """
+    import dataclasses
+    import difflib
+
+    if options is not None and not isinstance(options, Options):
+        raise ValueError(f"fsdp_passes.{function}(options={options!r}): expected an fsdp_passes.Options "
+                         "(or None) and/or option keywords")
+    known = [f.name for f in dataclasses.fields(Options)]
+    unknown = sorted(set(kwargs) - set(known))
     if unknown:
-        raise ValueError(f"fsdp_passes: unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
-    return kwargs
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"fsdp_passes.{function}: unknown option(s) {', '.join(unknown)}{hint}; known options: "
+                         f"{', '.join(known)}")
+    if options is None:
+        return Options(**kwargs)
+    return options.replace(**kwargs) if kwargs else options
 
 
 def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
-    """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
+    """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats.
+
+    Keyword options are applied over ``options`` (keywords win), as in ``enable``.
+    """
     from .pipeline import bucket_graph as _bucket_graph
 
-    return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
+    return _bucket_graph(graph, _merged_options("bucket_graph", options, kwargs))
 
 
 def verify_rank_consistency(group: Any = None) -> None:
@@ -124,10 +137,11 @@ def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs
 
     ``nodes`` is a node list or a ``fsdp_passes.testing.SchedulerCapture`` (its ``before`` list is used,
     inside the captured graph's context so sizes and FLOPs resolve exactly as during the compile).
+    Keyword options are applied over ``options`` (keywords win), as in ``enable``.
     """
     from .inductor.scheduler_pass import reorder_scheduler_nodes as _reorder
 
-    options = options or Options(**_checked_kwargs(kwargs))
+    options = _merged_options("reorder_scheduler_nodes", options, kwargs)
     if hasattr(nodes, "graph_context") and hasattr(nodes, "before"):
         with nodes.graph_context():
             return _reorder(nodes.before, options, graph_name=nodes.graph_name)

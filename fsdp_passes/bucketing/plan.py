@@ -84,6 +84,7 @@ class BucketPlanResult:
     unbucketed: dict[int, str]
     n_collectives_before: int
     unmatched_entries: list[str] = field(default_factory=list)  # manual plans: entries that matched nothing
+    fqns_seen: list[str] = field(default_factory=list)  # manual plans with unmatched entries: the graph's FQNs
 
     @property
     def n_collectives_after(self) -> int:

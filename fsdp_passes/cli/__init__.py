@@ -9,13 +9,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
 from ..debug.dag_json import DagJsonError
 from ..debug.reader import DumpError
 from . import calibrate
-from .common import PROG, CliError
+from .common import BROKEN_PIPE_EXIT, CliError, prog_name
 from .demo import cmd_demo
 from .report import cmd_report
 from .simulate import cmd_simulate
@@ -29,9 +30,20 @@ def _profiles() -> list[str]:
     return available_profiles()
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, except where the help already says it or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.required or action.nargs == 0 or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog_name(),
+        formatter_class=_DefaultsFormatter,
         description="Bucketing and overlap scheduling of FSDP collectives in torch.compile: demo, inspect dumps, "
                     "what-if estimates, calibration.",
     )
@@ -39,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     demo = sub.add_parser(
-        "demo", help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
+        "demo", formatter_class=_DefaultsFormatter,
+        help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
         description="Build a Llama-style model, shard it SimpleFSDP-style over a fake process group, compile "
                     "forward and backward with the passes on (stopping after Inductor's scheduler), write dumps and "
                     "print what the passes did. Needs no GPU and no cluster.",
@@ -59,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     report = sub.add_parser(
-        "report", help="print the tables of a dump folder, or compare two",
+        "report", formatter_class=_DefaultsFormatter,
+        help="print the tables of a dump folder, or compare two",
         description="Print per-graph tables (collectives, exposed comm, makespan, peak memory before -> after, "
                     "lower bound) of a dump folder written with debug_dir; with a second folder, compare them "
                     "side by side (graphs matched by name, else in compile order).",
@@ -69,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(func=cmd_report)
 
     simulate = sub.add_parser(
-        "simulate", help="what-if: re-estimate dumped graphs on another cluster profile / world size",
+        "simulate", formatter_class=_DefaultsFormatter,
+        help="what-if: re-estimate dumped graphs on another cluster profile / world size",
         description="Reload each graph's dag.json, re-estimate every node on another cluster profile (and world "
                     "size), and print the predicted time and exposed communication of the order before the pass, "
                     "of the order it chose, and of a fresh plan. World-size scaling resizes the process groups "
@@ -78,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "group. Compute is unchanged (same per-rank batch).",
     )
     simulate.add_argument("dir", help="dump folder")
-    simulate.add_argument("--cluster", default="h100-nvlink",
-                          help="cluster profile name or JSON file (shipped: " + ", ".join(_profiles()) + ")")
+    simulate.add_argument("--cluster", default=None,
+                          help="cluster profile name or JSON file (default: the cluster the dump was made with, "
+                               "recorded in its dag.json; shipped: " + ", ".join(_profiles()) + ")")
     simulate.add_argument("--world-size", type=int, default=None,
-                          help="resize the world-sized process groups to this many ranks (default: as dumped)")
+                          help="resize the world-sized process groups to this many ranks (default: the world "
+                               "size the dump was made with)")
     simulate.add_argument("--fixed", choices=("model", "shard"), default="model",
                           help="what stays fixed when the world size changes (default model)")
     simulate.add_argument("--calibration", default=None, help="calibration JSON file to price nodes with")
@@ -89,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.set_defaults(func=cmd_simulate)
 
     cal = sub.add_parser(
-        "calibrate", help="measure collective times on this machine / job and write a calibration table",
+        "calibrate", formatter_class=_DefaultsFormatter,
+        help="measure collective times on this machine / job and write a calibration table",
         description="Measure collective times (under torchrun: on the job's ranks; otherwise on --world-size local "
                     "gloo processes) and write a calibration JSON for Options(calibration=...).",
     )
@@ -102,14 +120,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (errors: one line on stderr, code 2)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    prog = parser.prog
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # the reader went away (``report DIR | head -1``): end quietly, as a killed pipe does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush must not fail again
+        return BROKEN_PIPE_EXIT
     except (CliError, DumpError, DagJsonError) as exc:
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:  # bad option values (cluster name, sizes...), unwritable folders
-        print(f"{PROG} {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        print(f"{prog} {args.command}: interrupted", file=sys.stderr)
         return 130

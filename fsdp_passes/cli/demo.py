@@ -6,8 +6,12 @@ dumps are summarised.  By default the compile stops right after Inductor's sched
 capture helper of ``fsdp_passes.testing``): everything the passes do has happened by then, and no C++
 kernels need building.  ``full_compile=True`` runs a real ``torch.compile`` step instead (minutes on CPU).
 
-When a pass falls back (it failed, or its planner is not installed) the demo still writes a dump of the
-unchanged schedule for that graph, marked with the reason, so the numbers of the baseline are visible.
+When a pass falls back (it failed, or its planner is not installed) it still writes a dump of the unchanged
+schedule for that graph, marked with the reason, so the numbers of the graph as compiled are visible.
+
+The same step is first compiled with the passes doing nothing (``bucketing="none"``, ``reorder=False``;
+dumps in ``<out>/baseline``): the headline compares every mode against that step, so the numbers of
+auto, manual and none are comparable with each other.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import last_reports
-from ..pipeline.report import GraphReport, fill_schedule_numbers
-from .common import PROG, say as _say
+from ..debug.tables import summary_table, totals
+from .common import prog_name, say as _say
 from .report import print_report
 
 log = logging.getLogger("fsdp_passes")
@@ -77,19 +81,23 @@ class DemoConfig:
             )
 
 
+BASELINE_DIR = "baseline"  # sub-folder of the dump folder: the same step compiled without any pass
+
+
 @dataclass
 class DemoResult:
     out: str
+    baseline: str | None = None  # dumps of the step without any pass (bucketing="none", reorder=False)
     graphs: list[str] = field(default_factory=list)
     fallbacks: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
 
 class _DemoSchedulerPass:
-    """Wraps the installed scheduler pass: progress lines, and a baseline dump when the pass falls back."""
+    """Wraps the installed scheduler pass: one progress line per graph, fallbacks noted in the result."""
 
-    def __init__(self, inner: Any, options: Any, say: Callable[[str], None], result: DemoResult):
-        self.inner, self.options, self.say, self.result = inner, options, say, result
+    def __init__(self, inner: Any, say: Callable[[str], None], result: DemoResult):
+        self.inner, self.say, self.result = inner, say, result
 
     def __call__(self, nodes: list) -> list:
         out = self.inner(nodes)
@@ -98,29 +106,14 @@ class _DemoSchedulerPass:
         if report.fallback is None:
             self.say(f"  {what} graph {report.graph}: {len(nodes)} scheduler nodes, "
                      f"{report.collectives_moved} collectives moved")
-        else:
+        else:  # the pass itself dumped the unchanged schedule with its numbers
             self.result.fallbacks[report.graph] = report.fallback
             self.say(f"  {what} graph {report.graph}: {len(nodes)} scheduler nodes; "
-                     f"reordering fell back, dumping the unchanged schedule ({report.fallback})")
-            self._baseline_dump(report.graph, nodes, report.fallback)
+                     f"reordering fell back, the unchanged schedule is dumped ({report.fallback})")
         self.result.graphs.append(report.graph)
         if what == "forward":
             self.say("compiling backward ...")
         return out
-
-    def _baseline_dump(self, name: str, nodes: list, why: str) -> None:
-        from ..cost_model import CostModel
-        from ..debug import write_scheduler_dump
-        from ..inductor.scheduler_adapter import dag_from_scheduler_nodes
-        from ..options import Options
-
-        opts = Options(**self.options)
-        dag = dag_from_scheduler_nodes(nodes)
-        durations = CostModel.from_options(opts.cluster, opts.calibration).estimate(dag)
-        identity = list(range(len(dag)))
-        report = GraphReport(graph=name, pass_name="scheduler", options=opts.to_json(), fallback=why)
-        timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
-        write_scheduler_dump(opts.debug_dir, report, dag, durations, identity, identity, timelines)
 
 
 def _clear_old_dumps(out: str) -> int:
@@ -171,6 +164,8 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
     out = os.path.abspath(cfg.out)
     options["debug_dir"] = out
     os.makedirs(out, exist_ok=True)
+    baseline_dir = os.path.join(out, BASELINE_DIR)
+    _clear_old_dumps(baseline_dir)
     removed = _clear_old_dumps(out)
     if removed:
         say(f"removed {removed} graph dump(s) of an earlier run from {out}")
@@ -194,12 +189,18 @@ def run_demo(cfg: DemoConfig, say: Callable[[str], None] = print) -> DemoResult:
         inputs = example_inputs(model, batch=cfg.batch, seed=0)
         n_params = sum(p.numel() for p in model.parameters())  # DTensor parameters: numel of the full tensor
         say(f"  {n_params / 1e6:.2f} M parameters, {len(list(model.parameters()))} sharded tensors")
+        # the baseline: the same step with the passes doing nothing, so every mode is reported against it
+        say("compiling the step without any pass (the baseline) ...")
+        torch._dynamo.reset()
+        with fsdp_passes.enabled(bucketing="none", reorder=False, cluster=cfg.cluster, debug_dir=baseline_dir):
+            capture_scheduler_nodes(model, *inputs)
+        result.baseline = baseline_dir
         last_reports(clear=True)
         torch._dynamo.reset()
         with fsdp_passes.enabled(**options) as opts:
             say(f"passes on: bucketing={opts.bucketing}, reorder={opts.reorder}, cluster={opts.cluster}, "
                 f"memory_budget={opts.memory_budget}, debug_dir={opts.debug_dir}")
-            with scheduler_pass_wrapped(lambda inner: _DemoSchedulerPass(inner, opts.to_json(), say, result)):
+            with scheduler_pass_wrapped(lambda inner: _DemoSchedulerPass(inner, say, result)):
                 if cfg.full_compile:
                     say("compiling forward with torch.compile (full Inductor compile, C++ kernels) ...")
                     with compile_caches_off():
@@ -229,10 +230,30 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from ..debug.reader import load_dumps
 
     dumps = load_dumps(result.out)
+    if result.baseline is not None:
+        _say("")
+        _say(_headline(load_dumps(result.baseline), dumps))
     _say("")
-    _say(f"dumps: {result.out}/<graph>/ (schedule_before.txt, schedule_after.txt, buckets.json, dag.json, "
-         "dag.dot, summary.json)")
+    files = dumps[0].summary.get("files") if dumps else None
+    _say(f"dumps: {result.out}/<graph>/ ({', '.join(files or ['summary.json'])})")
+    skipped = {k: v for d in dumps for k, v in (d.summary.get("skipped_files") or {}).items()}
+    for why in skipped.values():
+        _say(f"  {why}")
     for d in dumps:
         _say(f"trace: {d.file('trace.json')}  (open in https://ui.perfetto.dev)")
-    _say(f"again: {PROG} report {result.out}")
+    _say(f"again: {prog_name()} report {result.out}")
+    if result.baseline is not None:
+        _say(f"graph by graph against no passes: {prog_name()} report {result.baseline} {result.out}")
     return 0
+
+
+def _headline(baseline: list, passes: list) -> str:
+    """The step (all graphs) without any pass -> with the passes: the demo's comparable headline."""
+    before = totals([d.summary for d in baseline])
+    after = totals([d.summary for d in passes])
+    step = {"graph": f"step without any pass ({len(baseline)} graphs) -> with the passes ({len(passes)} graphs)"}
+    for key in ("n_collectives", "exposed_comm_ms", "makespan_ms", "peak_memory_bytes"):
+        step[f"{key}_before"] = before[f"{key}_after"]
+        step[f"{key}_after"] = after[f"{key}_after"]
+    step["lower_bound_ms"] = after["lower_bound_ms"]
+    return summary_table(step).rstrip("\n")

@@ -236,6 +236,11 @@ class Calibration:
 
         if not isinstance(data, Mapping):
             raise fail(f"expected a JSON object at the top level, got {type(data).__name__}")
+        known = list(cls().to_json())  # the keys this version writes are the keys it reads
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise fail(f"unknown key(s) {', '.join(map(repr, unknown))}: expected an object with keys "
+                       f"{', '.join(known)} (as 'python -m fsdp_passes calibrate' writes it)")
         if data.get("format", FORMAT) != FORMAT:
             raise fail(f"format={data.get('format')!r}, expected {FORMAT!r}")
         version = data.get("version", VERSION)

@@ -12,8 +12,13 @@ report's name (``000_fwd_frame0.0``: compile order first, so folders sort in com
 ``dag.dot``               the DAG for Graphviz
 ``trace.json``            Chrome / Perfetto trace, processes "before" and "after"
 ``summary.json``          the numbers of the graph (``GraphReport.to_json`` and more)
-``timeline.png``          both timelines, if matplotlib is installed
+``timeline.png``          both timelines, if matplotlib is installed (else ``summary.json``'s
+                          ``skipped_files`` says why, and one INFO line is logged)
 ========================  ===================================================================================
+
+A pass that falls back writes the same files for the graph as it was left (``schedule_after.txt`` equals
+``schedule_before.txt``), with ``summary.json``'s ``fallback`` giving the reason; ``report`` marks it.
+``dag.json``'s ``meta`` records the cluster profile and the world size the dump was priced with.
 
 Writing a dump never breaks a compile: a failure is a warning.
 """
@@ -31,6 +36,7 @@ from ..dag.graph import Dag
 from ..pipeline.report import GraphReport
 from ..simulate import chrome_trace, simulate
 from .dag_json import dag_to_json
+from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
 
 log = logging.getLogger("fsdp_passes")
@@ -61,6 +67,20 @@ def graph_dir(debug_dir: str | os.PathLike[str], graph: str) -> str:
     rank = _rank()
     base = os.fspath(debug_dir) if rank == 0 else os.path.join(os.fspath(debug_dir), f"rank{rank}")
     return os.path.join(base, _safe_name(graph))
+
+
+def _world_size(dag: Dag) -> int | None:
+    """The job's world size (or, without distributed, the largest process group of the graph)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except Exception:  # no distributed: from the graph
+        pass
+    from .whatif import world_size_of
+
+    return world_size_of(dag)
 
 
 def _rank() -> int:
@@ -233,6 +253,8 @@ def write_scheduler_dump(
         after_txt = schedule_table(dag, after_order, durations, ta, was=before_order,
                                    title=f"graph {report.graph}: schedule after the pass "
                                          "(was: position before the pass)")
+        if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
+            summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
         emit_artifacts(summary, before_txt, after_txt)
         if not debug_dir:
             return None
@@ -242,7 +264,8 @@ def write_scheduler_dump(
         _write_text(os.path.join(folder, "schedule_before.txt"), before_txt)
         _write_text(os.path.join(folder, "schedule_after.txt"), after_txt)
         _write_json(os.path.join(folder, "buckets.json"), _buckets_of(fx_report))
-        meta = {"cluster": report.options.get("cluster"), "options": report.options}
+        # what the dump was priced with: ``simulate`` re-uses both unless told otherwise
+        meta = {"cluster": report.options.get("cluster"), "world_size": _world_size(dag), "options": report.options}
         _write_text(
             os.path.join(folder, "dag.json"),
             json.dumps(dag_to_json(dag, before_order, after_order, durations, graph=report.graph, meta=meta),

@@ -40,5 +40,6 @@ def run_guarded(pass_name: str, options: Options, fn: Callable[[], T], fallback:
         if options.strict:
             raise FsdpPassError(message) from exc
         warnings.warn(message, RuntimeWarning, stacklevel=2)
-        log.warning(message)
+        if log.hasHandlers():  # without logging configured, logging's last resort would print it a second time
+            log.warning(message)
         return fallback(reason)

@@ -26,12 +26,11 @@ from torch._inductor.virtualized import V
 
 from ..options import Options
 from ..pipeline.record import GraphRecord, ReportHistory
-from ..pipeline.report import GraphReport
 from .cache_key import pass_uuid
 from .fx_pass import run_fx_pass
 from .graph_names import GraphNamer, fx_graph_kind
 from .guard import run_guarded
-from .scheduler_pass import reorder_scheduler_nodes
+from .scheduler_pass import reorder_scheduler_nodes, unchanged_schedule_report
 
 __all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY"]
 
@@ -104,8 +103,9 @@ class FsdpSchedulerPass(CustomSchedulerPass):
             return order
 
         def fallback(reason: str) -> list[BaseSchedulerNode]:
-            record.scheduler = GraphReport(graph=record.name, pass_name="scheduler",
-                                           options=self.options.to_json(), fallback=reason)
+            # the report (and dump) of the schedule as it was kept, so the numbers of the graph stay visible
+            record.scheduler = unchanged_schedule_report(nodes, self.options, record.name, reason,
+                                                         fx_report=record.fx)
             return nodes
 
         out = run_guarded("scheduler", self.options, attempt, lambda reason: fallback(f"pass failed: {reason}"),

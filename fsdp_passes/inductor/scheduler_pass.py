@@ -80,3 +80,43 @@ def reorder_scheduler_nodes(
     # always: it also emits the tlparse artifacts and DEBUG move reasons; files only with a debug_dir
     write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines, fx_report=fx_report)
     return [nodes[i] for i in order], report
+
+
+def unchanged_cost_model(options: Options, report: GraphReport) -> Any:
+    """The cost model to simulate a graph a pass left unchanged: the options' one, else the cluster profile
+    alone (the calibration may be what failed), else None; what was dropped goes into ``report.extra``."""
+    from ..cost_model import CostModel, load_profile
+
+    try:
+        return CostModel.from_options(options.cluster, options.calibration)
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"calibration not used ({type(exc).__name__}: {exc})"
+    try:
+        return CostModel(load_profile(options.cluster))
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"no cost model ({type(exc).__name__}: {exc})"
+        return None
+
+
+def unchanged_schedule_report(nodes: Sequence[Any], options: Options, graph_name: str, reason: str,
+                              fx_report: GraphReport | None = None) -> GraphReport:
+    """The report (and, with ``options.debug_dir``, the dump) of a graph whose input order was kept because
+    the pass fell back: the unchanged schedule, its simulation and ``reason``.  ``fx_report``: what the FX
+    pass did to the same graph (folded into the dump).  Never raises."""
+    report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json(), fallback=reason)
+    try:
+        dag = dag_from_scheduler_nodes(list(nodes))
+        cost_model = unchanged_cost_model(options, report)
+        if cost_model is not None:
+            identity = list(range(len(dag)))
+            durations = cost_model.estimate(dag)
+            timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+            from ..debug import write_scheduler_dump
+
+            write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
+                                 fx_report=fx_report)
+        else:
+            report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+    return report  # not logged again: run_guarded already said why the pass fell back

@@ -16,7 +16,7 @@ import torch.fx as fx
 from ..dag.from_fx import dag_from_fx
 from ..dag.graph import Dag
 from ..options import Options
-from ..bucketing.manual import describe_entries
+from ..bucketing.manual import describe_entries, fqns_seen_hint
 from ..bucketing.plan import Bucket
 from ..bucketing.placement import issue_gathers_before_reductions, renumbered
 from ..bucketing.rewrite import RewriteStats, apply_buckets
@@ -121,7 +121,8 @@ def bucket_graph(
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
-            f"bucketable collective of graph with {plan.n_collectives_before} collectives",
+            f"bucketable collective of graph {graph_name} ({plan.n_collectives_before} collectives)"
+            + fqns_seen_hint(plan.fqns_seen),
             stacklevel=2,
         )
     stats = apply_buckets(graph, dag, plan.buckets)

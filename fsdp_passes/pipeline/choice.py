@@ -170,7 +170,7 @@ def plan_unmerged(dag: Dag, like: BucketPlanResult, reason: str = "score") -> Bu
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=dict(like.unbucketed),
                             n_collectives_before=like.n_collectives_before,
-                            unmatched_entries=list(like.unmatched_entries))
+                            unmatched_entries=list(like.unmatched_entries), fqns_seen=list(like.fqns_seen))
 
 
 def _signature(plan: BucketPlanResult) -> tuple:

@@ -101,6 +101,43 @@ def test_demo_prints_progress_tables_and_writes_dumps(demo_dirs):
     assert fwd["n_collectives_before"] >= fwd["n_collectives_after"] > 0
 
 
+def _headline(text: str) -> dict[str, list[str]]:
+    """The demo's headline table: label -> [before, after] cells (label words removed)."""
+    lines = text.splitlines()
+    start = next(k for k, ln in enumerate(lines) if ln.startswith("step without any pass"))
+    out = {}
+    for label in ("collectives", "exposed comm ms", "makespan ms"):
+        row = next(ln for ln in lines[start:start + 7] if ln.strip().startswith(label))
+        out[label] = row.strip()[len(label):].split()[:2]
+    return out
+
+
+def test_demo_headline_is_against_the_step_without_passes(demo_dirs):
+    """auto and none are reported against the same baseline: the step compiled without any pass."""
+    auto_folder, auto_text = demo_dirs["auto"]
+    none_folder, none_text = demo_dirs["none"]
+    auto, none = _headline(auto_text), _headline(none_text)
+    baseline = load_dumps(os.path.join(auto_folder, "baseline"))
+    assert len(baseline) == 2
+    for d in baseline:  # the baseline is the unchanged step
+        dump = read_dag_json(d.file("dag.json"))
+        assert dump.after == dump.before
+        assert d.summary["options"]["bucketing"] == "none" and d.summary["options"]["reorder"] is False
+    dags = [read_dag_json(d.file("dag.json")) for d in baseline]
+    step_ms = sum(simulate(x.dag, x.before, x.durations).makespan for x in dags)
+    assert auto["makespan ms"][0] == none["makespan ms"][0] == f"{step_ms:.3f}"
+    assert auto["exposed comm ms"][0] == none["exposed comm ms"][0]
+    # the baseline's collectives are those before bucketing (counted by the FX pass on the FX graph)
+    fx_before = sum(d.summary["n_collectives_before"] for d in load_dumps(auto_folder))
+    assert auto["collectives"][0] == none["collectives"][0] == str(fx_before)
+    assert int(auto["collectives"][1]) < fx_before  # auto bucketing merged some
+    # the dumps line lists the files each graph folder has
+    files = load_dumps(auto_folder)[0].summary["files"]
+    assert f"dumps: {auto_folder}/<graph>/ ({', '.join(files)})" in auto_text
+    if "timeline.png" not in files:
+        assert "timeline.png skipped: matplotlib is not installed" in auto_text
+
+
 def test_demo_replaces_an_earlier_runs_dumps(tmp_path):
     stale = tmp_path / "999_fwd_old"
     stale.mkdir()
