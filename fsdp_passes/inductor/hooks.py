@@ -1,5 +1,7 @@
 """The objects installed into ``torch._inductor.config`` and their installation.
 
+- ``ParamNamesPass`` (``param_names.py``) goes into ``pre_grad_custom_pass``: names each parameter's
+  collectives while Dynamo's graph still knows the parameters' sources (for plans and reports).
 - ``FsdpGraphPass`` (a ``CustomGraphPass``) goes into ``post_grad_custom_post_pass``: bucketing.
 - ``FsdpSchedulerPass`` (a ``CustomSchedulerPass``) goes last into ``reorder_for_compute_comm_overlap_passes``
   (with ``reorder_for_compute_comm_overlap=True``): reordering.  That list runs after Inductor's
@@ -214,7 +216,8 @@ class FsdpSchedulerPass(CustomSchedulerPass):
 
 
 # --- installation -----------------------------------------------------------------------------------------
-_SLOTS = ("post_grad_custom_post_pass", "reorder_for_compute_comm_overlap", "reorder_for_compute_comm_overlap_passes")
+_SLOTS = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "reorder_for_compute_comm_overlap",
+          "reorder_for_compute_comm_overlap_passes")
 _saved: dict[str, Any] | None = None
 _active: Options | None = None
 
@@ -225,7 +228,10 @@ def install(options: Options) -> None:
     if _saved is None:
         _saved = {slot: getattr(inductor_config, slot) for slot in _SLOTS}
         _saved["reorder_for_compute_comm_overlap_passes"] = list(_saved["reorder_for_compute_comm_overlap_passes"])
+    from .param_names import ParamNamesPass
+
     user_fx_pass = _saved["post_grad_custom_post_pass"]
+    inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=_saved["pre_grad_custom_pass"])
     if options.bucketing != "none":
         inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass)
     else:
