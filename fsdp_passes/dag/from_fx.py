@@ -199,8 +199,9 @@ def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | Non
         return False, None
     if collective is CollectiveOp.REDUCE_SCATTER:
         # a gradient: reaches the output through casts / views, or (HSDP) through the replicate group's
-        # all-reduce of the reduced shard
-        for n in _walk_pass_through(node, forward=True, through=_HSDP_THROUGH):
+        # all-reduce of the reduced shard, or (a tied parameter used twice) through the sum of its reduced
+        # gradient contributions
+        for n in _walk_pass_through(node, forward=True, through=_HSDP_THROUGH | {"add"}):
             if n.op == "output":
                 return True, None
         return False, None
