@@ -150,7 +150,7 @@ def test_plain_dtensor_gpt_names_blocks_tied_and_uneven_shards():
               and "constant_pad_nd" in str(n.args[0].target)}
     assert len(padded) == 5
     merged = {m for k in fwd["buckets"] if len(k["members"]) > 1 for m in k["members"]}
-    assert padded <= merged
+    assert len(padded & merged) == 4  # the layers' four (the embedding's gather is alone in its entry)
     assert [r.n_collectives_after for r in reports] == [3, 3]  # wte, blocks.0, blocks.1
 
 
