@@ -185,3 +185,34 @@ def test_one_warning_when_a_graph_reads_parameters_but_traces_no_collective():
         warnings.simplefilter("always")
         capture_fx_graphs(plain, torch.randn(2, 8), options=dict(bucketing="auto"))
     assert not [w for w in caught if "no collective was traced" in str(w.message)]
+
+
+def test_pre_grad_pass_installed_chained_and_restored():
+    import torch._inductor.config as ic
+
+    from fsdp_passes.inductor.param_names import ParamNamesPass
+
+    seen = []
+
+    class UserPass:
+        def __call__(self, graph):
+            seen.append(graph)
+
+        def uuid(self):
+            return "user"
+
+    user = UserPass()
+    saved = ic.pre_grad_custom_pass
+    ic.pre_grad_custom_pass = user
+    try:
+        with fsdp_passes.enabled(bucketing="none"):
+            ours = ic.pre_grad_custom_pass
+            assert isinstance(ours, ParamNamesPass) and ours.chained is user
+            g = fx.Graph()
+            g.output(g.placeholder("x"))
+            ours(g)
+            assert seen == [g]  # the user's pass still runs, after ours
+            assert ours.uuid() != ParamNamesPass().uuid()  # the chained pass is part of the cache key
+        assert ic.pre_grad_custom_pass is user
+    finally:
+        ic.pre_grad_custom_pass = saved
