@@ -187,6 +187,17 @@ def _walk_pass_through(start: fx.Node, forward: bool, through: Iterable[str] = (
                 stack.append(nxt)
 
 
+def _sums_reductions(add: fx.Node) -> bool:
+    """``add`` sums reduce-scattered tensors only (a tied parameter's gradient contributions), not a
+    reduction and an activation (a sequence-parallel output plus its residual)."""
+    inputs = add.all_input_nodes
+    return len(inputs) >= 2 and all(
+        any(m.op == "call_function" and _base(m) == "reduce_scatter_tensor"
+            for m in _walk_pass_through(a, forward=False, through={"reduce_scatter_tensor"}))
+        for a in inputs
+    )
+
+
 def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | None]:
     """(is FSDP-like, placeholder name of the parameter shard) for an all-gather / reduce-scatter."""
     if collective is CollectiveOp.ALL_GATHER:
@@ -201,9 +212,14 @@ def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | Non
         # a gradient: reaches the output through casts / views, or (HSDP) through the replicate group's
         # all-reduce of the reduced shard, or (a tied parameter used twice) through the sum of its reduced
         # gradient contributions
-        for n in _walk_pass_through(node, forward=True, through=_HSDP_THROUGH | {"add"}):
-            if n.op == "output":
-                return True, None
+        reached = list(_walk_pass_through(node, forward=True, through=_HSDP_THROUGH))
+        if any(n.op == "output" for n in reached):
+            return True, None
+        for n in reached:
+            for user in n.users:
+                if user.op == "call_function" and _base(user) == "add" and _sums_reductions(user):
+                    if any(m.op == "output" for m in _walk_pass_through(user, forward=True)):
+                        return True, None
         return False, None
     if collective is CollectiveOp.ALL_REDUCE:
         # HSDP: the all-reduce over the replicate group of a reduce-scattered gradient shard
