@@ -103,7 +103,18 @@ def traces_no_collective(graph: fx.Graph) -> bool:
         return False
     if any(_is_dtensor(p.meta.get("example_value")) for p in params):
         return False
-    return not any(_is_collective_call(n) for n in graph.nodes)
+    return not any(_is_collective_call(n) for n in _nodes_with_subgraphs(graph))
+
+
+def _nodes_with_subgraphs(graph: fx.Graph):
+    """The graph's nodes and those of the subgraphs it calls (an ``autograd.Function``'s forward and backward
+    are traced into subgraph modules of Dynamo's graph)."""
+    yield from graph.nodes
+    owner = graph.owning_module
+    if owner is not None:
+        for module in owner.modules():
+            if isinstance(module, fx.GraphModule) and module.graph is not graph:
+                yield from module.graph.nodes
 
 
 def _process_group_size() -> int:

@@ -216,3 +216,32 @@ def test_pre_grad_pass_installed_chained_and_restored():
         assert ic.pre_grad_custom_pass is user
     finally:
         ic.pre_grad_custom_pass = saved
+
+
+def test_collectives_inside_traced_autograd_function_subgraphs_count():
+    """An ``autograd.Function`` (this package's HSDP helpers) is traced into a subgraph module of Dynamo's graph:
+    its collectives are there, not at the top level, and the graph is not reported as collective-free."""
+    from types import SimpleNamespace
+
+    from fsdp_passes.inductor.param_names import parameter_fqns, traces_no_collective
+
+    def graph_module(with_collective: bool) -> fx.GraphModule:
+        sub = fx.Graph()
+        x = sub.placeholder("x")
+        y = (sub.call_function(torch.ops._c10d_functional.all_gather_into_tensor.default, (x, 8, "0"))
+             if with_collective else sub.call_function(torch.relu, (x,)))
+        sub.output(y)
+        root = nn.Module()
+        root.fwd_body = fx.GraphModule(nn.Module(), sub)
+        g = fx.Graph()
+        w = g.placeholder("l_self_parameters_weight_")
+        w.meta["grapharg"] = SimpleNamespace(source=SimpleNamespace(name="L['self']._modules['fc']._parameters['weight']"))
+        w.meta["example_value"] = torch.zeros(2)
+        body = g.get_attr("fwd_body")
+        g.output(g.call_function(torch.ops.higher_order.autograd_function_apply, (body, body, w)))
+        return fx.GraphModule(root, g)
+
+    with_collective, without = graph_module(True), graph_module(False)
+    assert list(parameter_fqns(with_collective.graph).values()) == ["fc.weight"]
+    assert not traces_no_collective(with_collective.graph)
+    assert traces_no_collective(without.graph)
