@@ -8,10 +8,12 @@
 * a pattern matches a collective whose FQN equals it or starts with ``pattern + "."``; ``*`` and ``?``
   wildcards work as in ``fnmatch`` (``"layers.*.attention"``).
 
-The FQN of a collective is its parameter's FQN when the graph records it (``meta["custom"]["fsdp_param"]``,
-or ``param_fqns`` mapping the gathered placeholder's name to the parameter FQN), else the module that ran it
-(``nn_module_stack``, ``fwd_nn_module_stack`` in backward).  The first entry (in plan order) that matches a
-collective claims it.
+A collective is matched by its parameter's FQN when the graph records it (``meta["custom"]["fsdp_param"]``,
+written by this package's frontend or, for any frontend, by the pre-grad pass from Dynamo's parameter
+sources; or ``param_fqns`` mapping the gathered placeholder's name to the parameter FQN) and by the module
+that ran it (``nn_module_stack``, ``fwd_nn_module_stack`` in backward; torchtitan's ``module_fqn``
+annotation).  Both are in the naming of the module given to ``torch.compile``.  The first entry (in plan
+order) that matches either name claims the collective.
 
 Each entry gives one bucket per (op, process group, reduce op, dtype): the forward all-gathers, backward
 re-gathers and gradient reduce-scatters of a layer are separate buckets, as are bf16 gathers and fp32 ones.
@@ -149,13 +151,24 @@ class _Matcher:
 
 
 def collective_fqn(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> str | None:
-    """The FQN a plan pattern is matched against: the parameter's when known, else the module's."""
+    """The collective's FQN for blocks and reports: the parameter's when known, else the module's."""
+    names = collective_names(node, param_fqns)
+    return names[0] if names else None
+
+
+def collective_names(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> list[str]:
+    """Every FQN a plan pattern may match a collective by: its parameter's, then the module that ran it
+    (they differ for a tied parameter, gathered again in a module that does not own it)."""
+    names: list[str] = []
     name = param_name(node)
+    if not name and param_fqns and node.param_fqn and node.param_fqn in param_fqns:
+        name = param_fqns[node.param_fqn]
     if name:
-        return name
-    if param_fqns and node.param_fqn and node.param_fqn in param_fqns:
-        return param_fqns[node.param_fqn]
-    return node.module_fqn or None
+        names.append(name)
+    module = node.module_fqn
+    if module and not (name and (name == module or name.startswith(module + "."))):
+        names.append(module)
+    return names
 
 
 def plan_manual(
@@ -182,15 +195,15 @@ def plan_manual(
         if why:
             unbucketed[c] = why
             continue
-        fqn = collective_fqn(dag.nodes[c], param_fqns)
-        if fqn is None:
+        names = collective_names(dag.nodes[c], param_fqns)
+        if not names:
             unbucketed[c] = "no parameter or module FQN recorded on the node: no plan entry can match it"
             continue
-        k = match(fqn)
-        if k is None:
-            unbucketed[c] = f"{fqn}: not matched by any bucket_plan entry"
+        found = [k for k in map(match, names) if k is not None]
+        if not found:
+            unbucketed[c] = f"{' / '.join(names)}: not matched by any bucket_plan entry"
         else:
-            claimed[k].append(c)
+            claimed[min(found)].append(c)
 
     missing = [label for (label, _), members in zip(entries, claimed) if not members]
     known: list[str] = []

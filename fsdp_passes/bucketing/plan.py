@@ -265,13 +265,18 @@ def make_bucket(dag: Dag, members: Sequence[int], *, close_reason: str, label: s
 
 
 def param_name(node: DagNode) -> str | None:
-    """The parameter FQN a collective moves, when the graph says (``meta['custom']['fsdp_param']``)."""
+    """The parameter FQN a collective moves, when the graph says: ``meta['custom']['fsdp_param']`` (written
+    by this package's frontend, or from Dynamo's parameter sources by the pre-grad pass), else the property
+    getter the module stack went through (a parametrization frontend: ``norm`` + ``weight``)."""
     origin = node.origin
     meta = getattr(origin, "meta", None)
     if isinstance(meta, dict):
         custom = meta.get("custom")
         if isinstance(custom, dict) and isinstance(custom.get("fsdp_param"), str):
             return custom["fsdp_param"]
+        from ..dag.from_fx import stack_parameter
+
+        return stack_parameter(origin)
     return None
 
 

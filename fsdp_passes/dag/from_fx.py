@@ -25,6 +25,7 @@ _PASS_THROUGH = {
     "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
     "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten",
     "cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
+    "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
 }
 
 
@@ -82,28 +83,86 @@ def _mutated_args(node: fx.Node) -> list[fx.Node]:
 
 
 _MODULE_PATH_RE = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+# the variable a Dynamo source starts from: L['self'] / L.self (a compiled module), G['model'] (a global)
+_ROOT_RE = re.compile(r"^(?:L|G)\.[A-Za-z_][A-Za-z0-9_]*(?:\.|$)")
+# Dynamo's source of a module reached through a property's closure (a parametrization frontend):
+# dict(type(<module>).__dict__)['weight'].fget.__closure__[0].cell_contents
+_CLOSURE_RE = re.compile(r"^dict\(type\((?P<module>.*)\)\.__dict__\)\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)\.fget\b")
 
 
 def normalize_module_path(path: str) -> str:
-    """'L['self'].layers[0].attn' or 'L__self___layers_0' styles -> 'layers.0.attn'."""
+    """A module or parameter path as Dynamo writes it -> its FQN in the compiled module's naming.
+
+    ``L['self'].layers[0].attn`` / ``L['self']._modules['layers']._modules['0']._parameters['weight']`` /
+    ``L__self___layers_0`` / ``G['model'].norm`` -> ``layers.0.attn`` / ``layers.0.weight`` / ``layers.0`` /
+    ``norm``: the root variable (the compiled module, or the global or argument holding the model) is dropped.
+    """
     text = _MODULE_PATH_RE.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path)
-    for prefix in ("L.self.", "L.self", "self.", "L__self__."):
+    text = _ROOT_RE.sub("", text, count=1)
+    for prefix in ("self.", "L__self__."):
         if text.startswith(prefix):
             text = text[len(prefix) :]
     text = text.lstrip(".")
     if text.startswith("L__self___"):
         text = text[len("L__self___") :].replace("_", ".")
-    return text.replace("._modules.", ".").replace("._orig_mod.", ".").removeprefix("_orig_mod.")
+    for container in ("_modules", "_parameters", "_buffers", "_orig_mod"):
+        text = text.replace(f".{container}.", ".")
+        if text.startswith(container + "."):
+            text = text[len(container) + 1 :]
+    return text
+
+
+def closure_attribute(path: str) -> str | None:
+    """The attribute whose property getter a closure source goes through (``'weight'`` for
+    ``dict(type(...).__dict__)['weight'].fget.__closure__[0].cell_contents``), else None."""
+    text = _MODULE_PATH_RE.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path)
+    m = _CLOSURE_RE.match(text)
+    return m.group("attr") if m else None
+
+
+#: ``node.meta["custom"]`` key torchtitan's ``annotate_module_fqns`` writes the running module's FQN under
+ANNOTATED_MODULE_KEY = "module_fqn"
 
 
 def module_fqn(node: fx.Node) -> str | None:
-    """The innermost module that produced ``node`` (forward or, via autograd meta, backward)."""
+    """The innermost module that produced ``node`` (forward or, via autograd meta, backward).
+
+    An annotated module FQN (``meta["custom"]["module_fqn"]``) wins.  Otherwise the innermost entry of
+    ``nn_module_stack`` (``fwd_nn_module_stack`` in backward) that names a module by attribute path: entries
+    reached through a property's closure (a parametrization object, which the frontend may even share between
+    modules of one class) are skipped, so the module whose forward read the parameter is the answer.
+    """
+    custom = node.meta.get("custom")
+    if isinstance(custom, dict) and isinstance(custom.get(ANNOTATED_MODULE_KEY), str):
+        return custom[ANNOTATED_MODULE_KEY]
     for key in ("nn_module_stack", "fwd_nn_module_stack"):
         stack = node.meta.get(key)
         if stack:
-            last = list(stack.values())[-1]
-            path = last[0] if isinstance(last, tuple) else str(last)
-            return normalize_module_path(path)
+            for entry in reversed(list(stack.values())):
+                path = entry[0] if isinstance(entry, tuple) else str(entry)
+                if "(" in path:  # a closure / __dict__ source, not an attribute path
+                    continue
+                return normalize_module_path(path)
+    return None
+
+
+def stack_parameter(node: fx.Node) -> str | None:
+    """The parameter a node reads through a property getter (a parametrization frontend), from its module
+    stack alone: the module whose forward read it plus the property's name (``norm`` + ``weight``)."""
+    for key in ("nn_module_stack", "fwd_nn_module_stack"):
+        stack = node.meta.get(key)
+        if not stack:
+            continue
+        entries = [e[0] if isinstance(e, tuple) else str(e) for e in stack.values()]
+        for k in range(len(entries) - 1, 0, -1):
+            attr = closure_attribute(entries[k])
+            if attr is None:
+                continue
+            owner = next((p for p in reversed(entries[:k]) if "(" not in p), None)
+            if owner is not None:
+                module = normalize_module_path(owner)
+                return f"{module}.{attr}" if module else attr
+        return None
     return None
 
 
@@ -128,6 +187,17 @@ def _walk_pass_through(start: fx.Node, forward: bool, through: Iterable[str] = (
                 stack.append(nxt)
 
 
+def _sums_reductions(add: fx.Node) -> bool:
+    """``add`` sums reduce-scattered tensors only (a tied parameter's gradient contributions), not a
+    reduction and an activation (a sequence-parallel output plus its residual)."""
+    inputs = add.all_input_nodes
+    return len(inputs) >= 2 and all(
+        any(m.op == "call_function" and _base(m) == "reduce_scatter_tensor"
+            for m in _walk_pass_through(a, forward=False, through={"reduce_scatter_tensor"}))
+        for a in inputs
+    )
+
+
 def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | None]:
     """(is FSDP-like, placeholder name of the parameter shard) for an all-gather / reduce-scatter."""
     if collective is CollectiveOp.ALL_GATHER:
@@ -140,10 +210,16 @@ def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | Non
         return False, None
     if collective is CollectiveOp.REDUCE_SCATTER:
         # a gradient: reaches the output through casts / views, or (HSDP) through the replicate group's
-        # all-reduce of the reduced shard
-        for n in _walk_pass_through(node, forward=True, through=_HSDP_THROUGH):
-            if n.op == "output":
-                return True, None
+        # all-reduce of the reduced shard, or (a tied parameter used twice) through the sum of its reduced
+        # gradient contributions
+        reached = list(_walk_pass_through(node, forward=True, through=_HSDP_THROUGH))
+        if any(n.op == "output" for n in reached):
+            return True, None
+        for n in reached:
+            for user in n.users:
+                if user.op == "call_function" and _base(user) == "add" and _sums_reductions(user):
+                    if any(m.op == "output" for m in _walk_pass_through(user, forward=True)):
+                        return True, None
         return False, None
     if collective is CollectiveOp.ALL_REDUCE:
         # HSDP: the all-reduce over the replicate group of a reduce-scattered gradient shard

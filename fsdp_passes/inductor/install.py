@@ -17,6 +17,7 @@ import torch._inductor.config as inductor_config
 from ..options import Options
 from ..pipeline.report import GraphReport
 from .cache_key import options_key
+from .param_names import ParamNamesPass
 from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState
 
 log = logging.getLogger("fsdp_passes")
@@ -24,7 +25,8 @@ log = logging.getLogger("fsdp_passes")
 __all__ = ["active_options", "compile_caches_off", "install", "last_reports", "scheduler_pass_wrapped",
            "set_compile_threads", "uninstall"]
 
-_SLOTS = ("post_grad_custom_post_pass", "reorder_for_compute_comm_overlap", "reorder_for_compute_comm_overlap_passes")
+_SLOTS = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "reorder_for_compute_comm_overlap",
+          "reorder_for_compute_comm_overlap_passes")
 
 
 class Installation:
@@ -40,6 +42,8 @@ class Installation:
             self.saved = {slot: getattr(inductor_config, slot) for slot in _SLOTS}
             self.saved["reorder_for_compute_comm_overlap_passes"] = list(self.saved["reorder_for_compute_comm_overlap_passes"])
         user_fx_pass = self.saved["post_grad_custom_post_pass"]
+        # names each parameter's collectives while Dynamo's graph still knows the parameters' sources
+        inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=self.saved["pre_grad_custom_pass"])
         if options.bucketing != "none":
             inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass, state=self.state)
         else:

@@ -45,6 +45,12 @@ class BucketingResult:
     rewrite: RewriteStats | None = None
     choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their simulated scores)
     report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
+    #: collective name -> {"param": parameter FQN or None, "module": module FQN or None} (bucketable ones)
+    attribution: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    #: collective name -> why no parameter or module name was found for it
+    unattributed: dict[str, str] = field(default_factory=dict)
+    #: blocks found among the collectives' FQNs (repeated sibling modules: ``layers.0``, ``model.h.1``...)
+    blocks: list[str] = field(default_factory=list)
 
     @property
     def merged(self) -> list[Bucket]:
@@ -64,6 +70,10 @@ class BucketingResult:
             )
         if self.unmatched_entries:
             lines.append(f"  plan entries matching nothing: {', '.join(self.unmatched_entries)}")
+        if self.blocks:
+            lines.append(f"  blocks: {', '.join(self.blocks)}")
+        for name, why in self.unattributed.items():
+            lines.append(f"  {name}: no parameter or module name ({why})")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -76,6 +86,9 @@ class BucketingResult:
             "unmatched_entries": list(self.unmatched_entries),
             "collectives": list(self.collectives),
             "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
+            "attribution": dict(self.attribution),
+            "unattributed": dict(self.unattributed),
+            "blocks": list(self.blocks),
             **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
         }
 
@@ -125,6 +138,7 @@ def bucket_graph(
             + fqns_seen_hint(plan.fqns_seen),
             stacklevel=2,
         )
+    attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp)
     stats = apply_buckets(graph, dag, plan.buckets)
     if options.reorder:
         placed = _place_gathers(g, dag, options, baseline_peak)
@@ -140,10 +154,47 @@ def bucket_graph(
         collectives=list(stats.collectives),
         rewrite=stats,
         choice=choice,
+        attribution=attribution,
+        unattributed=unattributed,
+        blocks=blocks,
     )
     result.report = _report(result, dag, g, options, cost_model, graph_name, after)
     return result
 
+
+
+def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None, bucket_non_fsdp: bool = False,
+                          ) -> tuple[dict[str, dict[str, str | None]], dict[str, str], list[str]]:
+    """Per bucketable collective, the parameter it moves and the module that ran it; the ones with neither,
+    and why; and the blocks (repeated sibling modules) their FQNs fall into, in graph order."""
+    from ..bucketing.manual import collective_fqn
+    from ..bucketing.plan import bucketability, param_name
+    from .choice import block_keys
+
+    attribution: dict[str, dict[str, str | None]] = {}
+    unattributed: dict[str, str] = {}
+    fqns: dict[int, str | None] = {}
+    for c in dag.collectives():
+        if bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp):
+            continue
+        node = dag.nodes[c]
+        param = param_name(node)
+        if not param and param_fqns and node.param_fqn:
+            param = param_fqns.get(node.param_fqn)
+        attribution[node.name] = {"param": param, "module": node.module_fqn}
+        fqns[c] = collective_fqn(node, param_fqns)
+        if not param and not node.module_fqn:
+            unattributed[node.name] = (
+                "its input is not a chain of casts / views / gathers from a parameter Dynamo saw (or the pre-grad "
+                "pass did not run), and the node has no nn_module_stack / fwd_nn_module_stack / module_fqn meta")
+    blocks: list[str] = []
+    keys = block_keys(fqns)
+    for c in fqns:
+        key = keys[c]
+        parts = key.split(".") if key else []
+        if key and len(parts) > 1 and parts[-1].isdigit() and key not in blocks:
+            blocks.append(key)
+    return attribution, unattributed, blocks
 
 def _place_gathers(g: fx.Graph, original: Dag, options: Options,
                    baseline_peak: int | None) -> tuple[int, Dag] | None:
