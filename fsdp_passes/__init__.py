@@ -10,12 +10,20 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
 from .pipeline.report import GraphReport  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch.distributed
+    import torch.fx
+
+    from .inductor.capture import SchedulerCapture
+    from .inductor.scheduler_pass import BaseSchedulerNode
+    from .pipeline import BucketingResult
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
@@ -85,14 +93,15 @@ def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
-def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
+def bucket_graph(graph: torch.fx.Graph | torch.fx.GraphModule, options: Options | None = None,
+                 **kwargs: Any) -> BucketingResult:
     """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
     from .pipeline import bucket_graph as _bucket_graph
 
     return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
 
 
-def verify_rank_consistency(group: Any = None) -> None:
+def verify_rank_consistency(group: torch.distributed.ProcessGroup | None = None) -> None:
     """Raise ``RuntimeError`` naming the first graph and collective where the ranks of ``group`` compiled
     different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
     from .debug.consistency import verify_rank_consistency as _verify
@@ -100,7 +109,8 @@ def verify_rank_consistency(group: Any = None) -> None:
     _verify(last_reports(), group)
 
 
-def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
+def reorder_scheduler_nodes(nodes: Sequence[BaseSchedulerNode] | SchedulerCapture, options: Options | None = None,
+                            **kwargs: Any) -> tuple[list[BaseSchedulerNode], GraphReport]:
     """Run the reordering pass on scheduler nodes; returns (new order, GraphReport).
 
     ``nodes`` is a node list or a ``fsdp_passes.testing.SchedulerCapture`` (its ``before`` list is used,

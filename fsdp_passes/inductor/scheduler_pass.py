@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
+from torch._inductor.scheduler import BaseSchedulerNode
+
+from ..cost_model import CostModel
 from ..options import Options
 from ..pipeline.report import GraphReport, fill_schedule_numbers
 from .failure_injection import injected
@@ -19,9 +22,9 @@ class InvalidOrder(ValueError):
 
 
 def reorder_scheduler_nodes(
-    nodes: Sequence[Any], options: Options, graph_name: str = "graph", cost_model: Any = None,
-    fx_report: GraphReport | None = None,
-) -> tuple[list[Any], GraphReport]:
+    nodes: Sequence[BaseSchedulerNode], options: Options, graph_name: str = "graph",
+    cost_model: CostModel | None = None, fx_report: GraphReport | None = None,
+) -> tuple[list[BaseSchedulerNode], GraphReport]:
     """Plan an overlap-friendly order of ``nodes`` (Inductor scheduler nodes) and return it with its report.
 
     Runs directly on a captured node list (``fsdp_passes.testing.capture_scheduler_nodes``), so a unit test
@@ -31,7 +34,6 @@ def reorder_scheduler_nodes(
     ``fx_report``: what the FX pass did to the same graph; what it added to the peak is taken off the
     memory budget, and the dump folds it in.
     """
-    from ..cost_model import CostModel
     from ..reordering import plan_order
     from ..simulate import peak_memory
 

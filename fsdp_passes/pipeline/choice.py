@@ -40,6 +40,7 @@ from ..options import Options
 from ..bucketing.auto import _Open, _timeline
 from ..bucketing.manual import collective_fqn
 from ..bucketing.plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, split_dependent
+from ..cost_model import CostModel
 
 #: above this many DAG nodes the candidates are not scored (each score rewrites a copy of the graph and runs
 #: the reordering planner on it: ~0.3 s per 1k nodes for the three rewrites on 2 cores); the greedy plan is
@@ -246,7 +247,7 @@ class AutoChoice:
         return out
 
 
-def scoring_durations(dag: Dag, cost_model: Any) -> list[float]:
+def scoring_durations(dag: Dag, cost_model: CostModel) -> list[float]:
     """``cost_model.estimate(dag)`` with views (compute nodes that allocate nothing: they live in their input's
     buffer, a graph input's included) at 0 ms.
 
@@ -268,7 +269,7 @@ def scoring_durations(dag: Dag, cost_model: Any) -> list[float]:
     return durations
 
 
-def score_plan(g: fx.Graph, dag: Dag, plan: BucketPlanResult, options: Options, cost_model: Any,
+def score_plan(g: fx.Graph, dag: Dag, plan: BucketPlanResult, options: Options, cost_model: CostModel,
                baseline_peak: int, budget: int, score: CandidateScore, *,
                rewritten: tuple[fx.Graph, Dag] | None = None) -> CandidateScore:
     """Fill ``score`` with the simulated figures of ``plan`` applied to a copy of ``g`` (``g`` is untouched).
@@ -325,7 +326,7 @@ def _placed(graph: fx.Graph, dag: Dag, limit: int, *, restore: bool) -> Dag:
     moves nothing or peaks above ``limit``.  ``restore``: put ``graph``'s nodes back in their order after."""
     from ..dag.from_fx import dag_from_fx
     from ..simulate import peak_memory
-    from ..bucketing.placement import issue_gathers_before_reductions, renumbered
+    from ..bucketing.placement import issue_gathers_before_reductions, renumbered, restore_order
 
     order = list(graph.nodes) if restore else None
     try:
@@ -334,10 +335,7 @@ def _placed(graph: fx.Graph, dag: Dag, limit: int, *, restore: bool) -> Dag:
         placed = renumbered(dag, graph) or dag_from_fx(graph)
     finally:
         if order is not None:
-            anchor = graph._root
-            for node in order:
-                anchor.append(node)
-                anchor = node
+            restore_order(order)
     return placed if peak_memory(placed, list(range(len(placed)))) <= limit else dag
 
 
@@ -359,7 +357,7 @@ def choose_auto_plan(
     g: fx.Graph,
     dag: Dag,
     options: Options,
-    cost_model: Any,
+    cost_model: CostModel,
     baseline_peak: int,
     *,
     param_fqns: Mapping[str, str] | None = None,
