@@ -11,12 +11,20 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
 from .pipeline.report import GraphReport  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch.distributed
+    import torch.fx
+
+    from .inductor.capture import SchedulerCapture
+    from .inductor.scheduler_pass import BaseSchedulerNode
+    from .pipeline import BucketingResult
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
@@ -105,7 +113,8 @@ def _merged_options(function: str, options: Options | None, kwargs: dict[str, An
     return options.replace(**kwargs) if kwargs else options
 
 
-def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
+def bucket_graph(graph: torch.fx.Graph | torch.fx.GraphModule, options: Options | None = None,
+                 **kwargs: Any) -> BucketingResult:
     """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats.
 
     Keyword options are applied over ``options`` (keywords win), as in ``enable``.
@@ -115,7 +124,7 @@ def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> A
     return _bucket_graph(graph, _merged_options("bucket_graph", options, kwargs))
 
 
-def verify_rank_consistency(group: Any = None) -> None:
+def verify_rank_consistency(group: torch.distributed.ProcessGroup | None = None) -> None:
     """Raise ``RuntimeError`` naming the first graph and collective where the ranks of ``group`` compiled
     different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
     from .debug.consistency import verify_rank_consistency as _verify
@@ -132,7 +141,8 @@ def calibrate_from_trace(path: Any, base: Any = None) -> Any:
     return _calibrate(path, base)
 
 
-def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
+def reorder_scheduler_nodes(nodes: Sequence[BaseSchedulerNode] | SchedulerCapture, options: Options | None = None,
+                            **kwargs: Any) -> tuple[list[BaseSchedulerNode], GraphReport]:
     """Run the reordering pass on scheduler nodes; returns (new order, GraphReport).
 
     ``nodes`` is a node list or a ``fsdp_passes.testing.SchedulerCapture`` (its ``before`` list is used,

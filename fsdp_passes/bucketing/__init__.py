@@ -1,11 +1,13 @@
-"""Bucketing policy: which FSDP collectives to merge (``plan_manual`` / ``plan_auto``) and the FX rewrite that
-merges them (``apply_buckets``).  No simulation here: ``fsdp_passes.pipeline`` chooses among plans and runs
-``bucket_graph`` on a graph.  See docs/bucketing.md.
+"""Bucketing policy: which FSDP collectives to merge (``plan_manual``, ``plan_auto`` and auto's other
+candidates ``plan_per_block`` / ``plan_unmerged``) and the FX rewrite that merges them (``apply_buckets``).
+No simulation here: ``fsdp_passes.pipeline`` chooses among plans and runs ``bucket_graph`` on a graph.
+See docs/bucketing.md.
 """
 
 from __future__ import annotations
 
 from .auto import plan_auto
+from .blocks import block_keys, plan_per_block, plan_unmerged
 from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
 from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
 from .placement import issue_gathers_before_reductions, renumbered
@@ -18,6 +20,7 @@ __all__ = [
     "RewriteStats",
     "UnmatchedPlanEntry",
     "apply_buckets",
+    "block_keys",
     "break_cycles",
     "describe_entries",
     "expand_pattern",
@@ -26,5 +29,7 @@ __all__ = [
     "plan_auto",
     "plan_cycles",
     "plan_manual",
+    "plan_per_block",
+    "plan_unmerged",
     "renumbered",
 ]

@@ -116,4 +116,12 @@ def renumbered(dag: Dag, graph: fx.Graph) -> Dag | None:
     return Dag(nodes, edges, dag.resident_bytes)
 
 
-__all__ = ["issue_gathers_before_reductions", "renumbered", "MAX_MOVED"]
+def restore_order(order: list[fx.Node]) -> None:
+    """Put the nodes of a graph back in ``order`` (all of them, the output node last, as ``list(graph.nodes)``
+    gave them before a move)."""
+    output = order[-1]
+    for node in order[:-1]:
+        output.prepend(node)
+
+
+__all__ = ["issue_gathers_before_reductions", "renumbered", "restore_order", "MAX_MOVED"]

@@ -9,7 +9,10 @@ the first real step, and names the first graph and collective where ranks disagr
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 from ..pipeline.report import GraphReport
 
@@ -70,7 +73,7 @@ def first_difference(a: list[tuple[str, str, list[str]]], b: list[tuple[str, str
     return None
 
 
-def verify_rank_consistency(reports: list[GraphReport], group: Any = None) -> None:
+def verify_rank_consistency(reports: list[GraphReport], group: dist.ProcessGroup | None = None) -> None:
     """Raise ``RuntimeError`` if the ranks of ``group`` (default: the world) compiled different collective
     sequences, naming the first differing graph and collective; return ``None`` when all agree.
 

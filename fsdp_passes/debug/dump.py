@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from ..dag.graph import Dag
 from ..pipeline.report import GraphReport
-from ..simulate import chrome_trace, simulate
+from ..simulate import Timeline, chrome_trace, simulate
 from .dag_json import dag_to_json
 from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
@@ -144,7 +144,7 @@ def write_bucketing_dump(debug_dir: str | os.PathLike[str] | None, report: Graph
 # -- scheduler pass -------------------------------------------------------------------------------------------
 
 
-def build_summary(report: GraphReport, timelines: tuple[Any, Any] | None = None, dag: Dag | None = None,
+def build_summary(report: GraphReport, timelines: tuple[Timeline, Timeline] | None = None, dag: Dag | None = None,
                   fx_report: GraphReport | None = None) -> dict:
     """summary.json: ``report.to_json()`` with ``fx_report``, the FX pass of the same graph, folded in.
 
@@ -234,7 +234,7 @@ def write_scheduler_dump(
     durations: Sequence[float],
     before_order: Sequence[int],
     after_order: Sequence[int],
-    timelines: tuple[Any, Any] | None = None,
+    timelines: tuple[Timeline, Timeline] | None = None,
     fx_report: GraphReport | None = None,
 ) -> str | None:
     """Write the dump folder of one graph (see the module docstring), emit the structured-trace artifacts

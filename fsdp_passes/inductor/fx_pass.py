@@ -35,9 +35,10 @@ def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         graph.erase_node(node)
     # a failed rewrite may have left the insertion point on an erased node: append at the end again
-    graph._insert = graph._root.prepend
-    out = graph.graph_copy(snapshot, {})
-    graph.output(out)
+    # (``inserting_after(None)`` inserts at the end of the graph)
+    with graph.inserting_after(None):
+        out = graph.graph_copy(snapshot, {})
+        graph.output(out)
 
 
 def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport:

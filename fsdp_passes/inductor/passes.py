@@ -26,11 +26,11 @@ from torch._inductor.virtualized import V
 
 from ..options import Options
 from ..pipeline.record import GraphRecord, ReportHistory
+from ..pipeline.report import GraphReport
+from . import fx_pass, scheduler_pass  # called through the modules: tests may wrap their functions
 from .cache_key import pass_uuid
-from .fx_pass import run_fx_pass
 from .graph_names import GraphNamer, fx_graph_kind
 from .guard import run_guarded
-from .scheduler_pass import reorder_scheduler_nodes, unchanged_schedule_report
 
 __all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY"]
 
@@ -65,7 +65,7 @@ class FsdpGraphPass(CustomGraphPass):
         meta = _graph_module_meta(graph.owning_module)
         if meta is not None:
             meta[RECORD_META_KEY] = record
-        record.fx = run_fx_pass(graph, self.options, graph_name=record.name)
+        record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
         self.state.history.add(record.fx)
 
     def uuid(self) -> str:
@@ -98,13 +98,13 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         record = self._record()
 
         def attempt() -> list[BaseSchedulerNode]:
-            order, record.scheduler = reorder_scheduler_nodes(nodes, self.options, graph_name=record.name,
-                                                              fx_report=record.fx)
+            order, record.scheduler = scheduler_pass.reorder_scheduler_nodes(
+                nodes, self.options, graph_name=record.name, fx_report=record.fx)
             return order
 
         def fallback(reason: str) -> list[BaseSchedulerNode]:
             # the report (and dump) of the schedule as it was kept, so the numbers of the graph stay visible
-            record.scheduler = unchanged_schedule_report(nodes, self.options, record.name, reason,
+            record.scheduler = scheduler_pass.unchanged_schedule_report(nodes, self.options, record.name, reason,
                                                          fx_report=record.fx)
             return nodes
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..dag.from_fx import UnplannableGraph
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
@@ -161,7 +162,7 @@ def _flops(snode: Any) -> float:
         return 0.0
 
 
-def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | None = None) -> Dag:
+def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs: set[str] | None = None) -> Dag:
     """One DagNode per scheduler node (fused nodes stay one node), in the given order."""
     from torch._inductor.utils import is_collective, is_wait
 

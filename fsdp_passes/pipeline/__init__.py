@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .bucket_graph import BucketingResult, bucket_graph
 from .plans import plan_bucketing
+from .reorder_graph import finish_graph_report, plan_graph_order
 from .report import GraphReport, collective_fingerprint, collective_sequence, fill_schedule_numbers
 
 __all__ = [
@@ -18,5 +19,7 @@ __all__ = [
     "collective_fingerprint",
     "collective_sequence",
     "fill_schedule_numbers",
+    "finish_graph_report",
     "plan_bucketing",
+    "plan_graph_order",
 ]

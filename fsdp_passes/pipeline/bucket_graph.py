@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch.fx as fx
 
@@ -18,9 +18,14 @@ from ..dag.graph import Dag
 from ..options import Options
 from ..bucketing.manual import describe_entries, fqns_seen_hint
 from ..bucketing.plan import Bucket
-from ..bucketing.placement import issue_gathers_before_reductions, renumbered
+from ..bucketing.placement import issue_gathers_before_reductions, renumbered, restore_order
 from ..bucketing.rewrite import RewriteStats, apply_buckets
 from .plans import plan_bucketing
+
+if TYPE_CHECKING:
+    from ..cost_model import CostModel
+    from .choice import AutoChoice
+    from .report import GraphReport
 
 __all__ = ["BucketingResult", "bucket_graph", "plan_bucketing"]
 
@@ -43,8 +48,8 @@ class BucketingResult:
     unmatched_entries: list[str] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     rewrite: RewriteStats | None = None
-    choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their simulated scores)
-    report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
+    choice: AutoChoice | None = None  # bucketing="auto": the candidates and their simulated scores
+    report: GraphReport | None = None  # this graph's report (pass_name "fx")
     #: collective name -> {"param": parameter FQN or None, "module": module FQN or None} (bucketable ones)
     attribution: dict[str, dict[str, str | None]] = field(default_factory=dict)
     #: collective name -> why no parameter or module name was found for it
@@ -96,7 +101,7 @@ class BucketingResult:
 def bucket_graph(
     graph: fx.Graph | fx.GraphModule,
     options: Options | None = None,
-    cost_model: Any = None,
+    cost_model: CostModel | None = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
     baseline_peak: int | None = None,
@@ -169,7 +174,7 @@ def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None,
     and why; and the blocks (repeated sibling modules) their FQNs fall into, in graph order."""
     from ..bucketing.manual import collective_fqn
     from ..bucketing.plan import bucketability, param_name
-    from .choice import block_keys
+    from ..bucketing.blocks import block_keys
 
     attribution: dict[str, dict[str, str | None]] = {}
     unattributed: dict[str, str] = {}
@@ -212,14 +217,11 @@ def _place_gathers(g: fx.Graph, original: Dag, options: Options,
     after = renumbered(before, g) or dag_from_fx(g)
     if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
         return moved, after
-    anchor = g._root  # over budget: put every node back where it was
-    for node in order:
-        anchor.append(node)
-        anchor = node
+    restore_order(order)  # over budget: put every node back where it was
     return None
 
 
-def _describe_choice(choice: Any) -> str:
+def _describe_choice(choice: AutoChoice) -> str:
     if not choice.scored:
         return f"auto chose {choice.chosen}: {choice.note}"
     parts = []
@@ -235,8 +237,8 @@ def _describe_choice(choice: Any) -> str:
     return f"auto chose {choice.chosen} of: " + "; ".join(parts)
 
 
-def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,
-            graph_name: str, after: Dag | None = None) -> Any:
+def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: CostModel | None,
+            graph_name: str, after: Dag | None = None) -> GraphReport:
     """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
     from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
 

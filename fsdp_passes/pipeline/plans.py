@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch.fx as fx
 
@@ -11,6 +11,7 @@ from ..bucketing.auto import plan_auto
 from ..bucketing.manual import plan_manual
 from ..bucketing.plan import Bucket, BucketPlanResult, break_cycles, make_bucket
 from ..bucketing.rewrite import apply_buckets
+from ..cost_model import CostModel
 from ..dag.from_fx import dag_from_fx
 from ..dag.graph import Dag, NodeKind
 from ..options import Options
@@ -22,7 +23,7 @@ __all__ = ["plan_bucketing"]
 def plan_bucketing(
     dag: Dag,
     options: Options,
-    cost_model: Any = None,
+    cost_model: CostModel | None = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
     baseline_peak: int | None = None,
@@ -44,8 +45,6 @@ def plan_bucketing(
                            param_fqns=param_fqns, strict=options.strict)
     elif mode == "auto":
         if cost_model is None:
-            from ..cost_model import CostModel
-
             cost_model = CostModel.from_options(options.cluster, options.calibration)
         durations = cost_model.estimate(dag)
         if baseline_peak is None:
@@ -58,7 +57,7 @@ def plan_bucketing(
     return break_cycles(dag, plan)
 
 
-def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any, baseline_peak: int | None,
+def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: CostModel, baseline_peak: int | None,
                              max_rounds: int = 4) -> tuple[BucketPlanResult, Dag | None, float, fx.Graph | None]:
     """Auto plan whose rewritten graph stays within the memory budget on the simulator's memory model.
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dag.graph import Dag, NodeKind
+from ..simulate import Timeline, lower_bound, simulate
 
 
 @dataclass
@@ -80,13 +81,11 @@ def fill_schedule_numbers(
     report: GraphReport,
     before: tuple[Dag, list[int], list[float]],
     after: tuple[Dag, list[int], list[float]],
-) -> tuple[Any, Any]:
+) -> tuple[Timeline, Timeline]:
     """Simulate the graph before and after a pass and put the numbers into ``report``.
 
     ``before`` and ``after`` are (dag, order, per-node durations in ms).  Returns both timelines.
     """
-    from ..simulate import lower_bound, simulate
-
     t_before = simulate(*before)
     t_after = simulate(*after)
     report.n_collectives_before = len(before[0].collectives())

@@ -116,3 +116,5 @@ def test_one_memory_budget_for_both_passes(fake_pg):
         assert sched.peak_memory_bytes_after - sched.peak_memory_bytes_before <= sched.extra["memory_budget_bytes"]
         checked += used > 0
     assert checked >= 1  # the backward's placement / bucketing did use part of the budget
+    # the scheduler pass found the FX pass's record of its own graph, forward and backward
+    assert sorted(r.graph.split("_")[1] for r in reports if r.pass_name == "scheduler") == ["bwd", "fwd"]

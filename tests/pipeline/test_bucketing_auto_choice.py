@@ -10,7 +10,8 @@ import torch
 import torch.fx as fx
 
 from fsdp_passes.pipeline import bucket_graph
-from fsdp_passes.pipeline.choice import CandidateScore, block_keys, choose_auto_plan, plan_per_block, score_plan
+from fsdp_passes.bucketing.blocks import block_keys, plan_per_block
+from fsdp_passes.pipeline.choice import CandidateScore, choose_auto_plan, score_plan
 from fsdp_passes.bucketing.manual import plan_manual
 from fsdp_passes.cost_model import CostModel
 from fsdp_passes.dag.from_fx import dag_from_fx

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsdp_passes.dag import CollectiveOp, Dag, NodeKind
-from fsdp_passes.reordering import HeadroomTree, ListScheduler, MemoryModel, Structure, plan_order, replay
+from fsdp_passes.reordering import HeadroomTree, ListScheduler, Structure, evaluate, plan_order
+from fsdp_passes.simulate.memory import MemoryModel
 from fsdp_passes.reordering import plan as plan_module
 from fsdp_passes.reordering.scheduler import ScheduleOutcome
 from fsdp_passes.simulate import memory_curve, simulate
@@ -518,9 +519,9 @@ def test_trackers_agree_with_the_simulator(case, seed):
     order = _random_valid_order(dag, random.Random(seed))
     assert dag.order_violations(order) == []
     s = Structure(dag)
-    mm = MemoryModel(dag, s)
+    mm = MemoryModel(dag)
     assert mm.curve(order) == memory_curve(dag, order)
-    mine = replay(dag, order, b.durations, s, mm)
+    mine = evaluate(dag, order, b.durations)
     tl = simulate(dag, order, b.durations)
     assert mine.exposed_ms == pytest.approx(tl.exposed_total)
     assert mine.makespan_ms == pytest.approx(tl.makespan)
@@ -534,7 +535,7 @@ def test_scheduler_time_and_memory_match_the_simulator(case):
     b, budget, cap = case
     dag = b.dag()
     s = Structure(dag)
-    mm = MemoryModel(dag, s)
+    mm = MemoryModel(dag)
     base = mm.curve(range(len(dag)))
     limit = max(base, default=0) + budget
     for lim in (limit, None):
@@ -544,6 +545,19 @@ def test_scheduler_time_and_memory_match_the_simulator(case):
         assert out.exposed == pytest.approx(tl.exposed_total)
         assert out.makespan == pytest.approx(tl.makespan)
         assert out.peak == tl.peak_memory
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags())
+def test_planner_predictions_are_the_simulators_to_the_last_digit(case):
+    # the figures the scheduling pass tracked while building its order, against a replay of that order
+    b, budget, cap = case
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=budget, max_prefetch=cap)
+    tl = simulate(dag, res.order, b.durations)
+    assert res.predicted.makespan_ms == tl.makespan
+    assert res.predicted.peak_bytes == tl.peak_memory
+    assert res.predicted.exposed_ms == tl.exposed_total
 
 
 def _random_valid_order(dag, rnd):
