@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("torchtitan")
 
 import fsdp_passes  # noqa: E402
-from fsdp_passes.bucketing import bucket_graph  # noqa: E402
+from fsdp_passes.pipeline import bucket_graph  # noqa: E402
 from fsdp_passes.options import Options  # noqa: E402
 from fsdp_passes.testing import capture_fx_graphs, fake_process_group, run_on_gloo  # noqa: E402
 from third_party_models import BLOCKS, MODELS, PER_BLOCK_PLANS, sharded_loss_module, token_ids  # noqa: E402
