@@ -41,7 +41,7 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, Iterable, Mapping, Sequence, Union
+from typing import Any, Iterable, Iterator, Mapping, Sequence, Union
 
 from ..dag.graph import CollectiveOp
 
@@ -78,6 +78,19 @@ def shapes_key(values: Iterable[Any]) -> str:
 def _positive(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
+
+
+def read_json_file(path: PathLike, what: str) -> Any:
+    """The JSON document in ``path``; a missing, unreadable or malformed file is a ValueError naming it
+    (``what``: e.g. "calibration file")."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"{what} {name}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{what} {name}: not valid JSON ({exc})") from None
 
 class Calibration:
     """A table of measured collective and compute times; see the module docstring for the lookup rules."""
@@ -250,13 +263,18 @@ class Calibration:
         if not isinstance(meta, Mapping):
             raise fail("'meta' must be an object")
         cal = cls(meta=meta)
-        colls = data.get("collectives", [])
-        if not isinstance(colls, list):
-            raise fail("'collectives' must be a list of {op, group_size, points} objects")
-        for k, entry in enumerate(colls):
-            where = f"collectives[{k}]"
-            if not isinstance(entry, Mapping) or not {"op", "group_size", "points"} <= set(entry):
-                raise fail(f"{where}: expected an object with 'op', 'group_size' and 'points'")
+
+        def entries(section: str, required: tuple[str, ...]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+            items = data.get(section, [])
+            if not isinstance(items, list):
+                raise fail(f"'{section}' must be a list of {{{', '.join(required)}}} objects")
+            for k, entry in enumerate(items):
+                where = f"{section}[{k}]"
+                if not isinstance(entry, Mapping) or not set(required) <= set(entry):
+                    raise fail(f"{where}: expected an object with " + ", ".join(f"'{r}'" for r in required))
+                yield where, entry
+
+        for where, entry in entries("collectives", ("op", "group_size", "points")):
             points = entry["points"]
             if not isinstance(points, list):
                 raise fail(f"{where}.points: expected a list of [bytes, ms] pairs")
@@ -267,24 +285,12 @@ class Calibration:
                     cal.add_collective(entry["op"], entry["group_size"], point[0], point[1])
                 except ValueError as exc:
                     raise fail(f"{where}.points[{j}]: {exc}") from None
-        comps = data.get("compute", [])
-        if not isinstance(comps, list):
-            raise fail("'compute' must be a list of {op, shapes, ms} objects")
-        for k, entry in enumerate(comps):
-            where = f"compute[{k}]"
-            if not isinstance(entry, Mapping) or not {"op", "shapes", "ms"} <= set(entry):
-                raise fail(f"{where}: expected an object with 'op', 'shapes' and 'ms'")
+        for where, entry in entries("compute", ("op", "shapes", "ms")):
             try:
                 cal.add_compute(entry["op"], entry["shapes"], entry["ms"])
             except ValueError as exc:
                 raise fail(f"{where}: {exc}") from None
-        kernels = data.get("kernels", [])
-        if not isinstance(kernels, list):
-            raise fail("'kernels' must be a list of {key, ms, count} objects")
-        for k, entry in enumerate(kernels):
-            where = f"kernels[{k}]"
-            if not isinstance(entry, Mapping) or not {"key", "ms"} <= set(entry):
-                raise fail(f"{where}: expected an object with 'key' and 'ms'")
+        for where, entry in entries("kernels", ("key", "ms")):
             try:
                 cal.add_kernel(entry["key"], entry["ms"], entry.get("count", 1))
             except ValueError as exc:
@@ -295,14 +301,7 @@ class Calibration:
     def load(cls, path: PathLike) -> "Calibration":
         """Read a calibration file; a missing, unreadable or malformed file is a ValueError naming it."""
         name = os.fspath(path)
-        try:
-            with open(name, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise ValueError(f"calibration file {name}: cannot read it ({exc.strerror or exc})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"calibration file {name}: not valid JSON ({exc})") from None
-        return cls.from_json(data, source=f"calibration file {name}")
+        return cls.from_json(read_json_file(name, "calibration file"), source=f"calibration file {name}")
 
     def save(self, path: PathLike) -> None:
         """Write the table as JSON (atomically: a reader never sees half a file)."""

@@ -23,7 +23,6 @@ samples); a trace of several processes is read per process id and merged.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import statistics
@@ -31,7 +30,7 @@ from collections import defaultdict
 from typing import Any, Iterable, Mapping, Union
 
 from ..dag.graph import CollectiveOp
-from .calibration import Calibration
+from .calibration import Calibration, read_json_file
 
 __all__ = ["calibrate_from_trace", "kernel_stem"]
 
@@ -72,13 +71,7 @@ def kernel_stem(name: str) -> str | None:
 def _load_events(path: PathLike) -> tuple[list[Mapping[str, Any]], int | None]:
     """The complete ('X') events of a Chrome trace and the world size the profiler recorded (if any)."""
     name = os.fspath(path)
-    try:
-        with open(name, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise ValueError(f"trace file {name}: cannot read it ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"trace file {name}: not valid JSON ({exc})") from None
+    data = read_json_file(name, "trace file")
     events = data.get("traceEvents") if isinstance(data, Mapping) else data
     if not isinstance(events, list):
         raise ValueError(f"trace file {name}: expected a Chrome trace (an object with 'traceEvents' or a list)")

@@ -386,22 +386,30 @@ def predict_kernels(dag: Dag) -> Dag:
     return _contract(dag, units, succs, groups, group_members)
 
 
-def _topological(units: list[_Unit]) -> list[int]:
-    succs: list[list[int]] = [[] for _ in units]
-    for v, u in enumerate(units):
-        for p in set(u.preds + u.after):
+def _ordered_by(preds: dict[int, set[int]], priority: dict[int, int]) -> list[int]:
+    """Kahn's topological order of the keys of ``preds`` (id -> ids it comes after), the lowest ``priority``
+    first among the ready ones; shorter than ``preds`` when there is a cycle."""
+    succs: dict[int, list[int]] = {v: [] for v in preds}
+    for v, ps in preds.items():
+        for p in ps:
             succs[p].append(v)
-    indeg = [len(set(u.preds + u.after)) for u in units]
-    ready = [(u.pos, v) for v, u in enumerate(units) if indeg[v] == 0]
+    indeg = {v: len(ps) for v, ps in preds.items()}
+    ready = [(priority[v], v) for v in preds if indeg[v] == 0]
     heapq.heapify(ready)
-    out = []
+    out: list[int] = []
     while ready:
         _, v = heapq.heappop(ready)
         out.append(v)
         for s in succs[v]:
             indeg[s] -= 1
             if indeg[s] == 0:
-                heapq.heappush(ready, (units[s].pos, s))
+                heapq.heappush(ready, (priority[s], s))
+    return out
+
+
+def _topological(units: list[_Unit]) -> list[int]:
+    out = _ordered_by({v: set(u.preds + u.after) for v, u in enumerate(units)},
+                      {v: u.pos for v, u in enumerate(units)})
     if len(out) != len(units):
         raise ValueError(f"predict_kernels: dependency cycle through {len(units) - len(out)} nodes")
     return out
@@ -416,23 +424,9 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     for r in roots:
         kernel_preds[r] = {groups.find(p) for v in group_members[r] for p in units[v].preds} - {r}
         kernel_after[r] = ({groups.find(p) for v in group_members[r] for p in units[v].after} - {r}) | kernel_preds[r]
-    # order: Kahn over the kernels, the earliest first member first
-    ksuccs: dict[int, list[int]] = {r: [] for r in roots}
-    for r, ps in kernel_after.items():
-        for p in ps:
-            ksuccs[p].append(r)
+    # order: the kernels topologically, the earliest first member first
     first = {r: min(units[v].pos for v in group_members[r]) for r in roots}
-    indeg = {r: len(ps) for r, ps in kernel_after.items()}
-    ready = [(first[r], r) for r in roots if indeg[r] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, r = heapq.heappop(ready)
-        order.append(r)
-        for s in ksuccs[r]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(ready, (first[s], s))
+    order = _ordered_by(kernel_after, first)
     if len(order) != len(roots):
         raise ValueError("predict_kernels: the predicted kernels depend on each other in a cycle")
     new_id = {r: k for k, r in enumerate(order)}
@@ -454,7 +448,6 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                                      dtype=src.dtype, module_fqn=src.module_fqn, origin=src.origin,
                                      is_output=head.graph_output, launches_kernel=False))
             continue
-        member_set = set(members)
         fx_members = [i for v in members for i in units[v].members]
         read: dict[Any, int] = {}
         cap: dict[Any, int] = {}
