@@ -32,8 +32,9 @@ class Options:
     reorder: run the scheduling pass (prefetch all-gathers, sink waits).
     cluster: name of a shipped cluster profile or a mapping of profile values.
     calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``).
-    memory_budget: extra peak memory the passes may add over the unplanned graph: bytes (int), a size
-        string ("512MB", "2GiB") or a percentage of the baseline peak ("5%").
+    memory_budget: extra peak memory the passes may add, per graph, over the peak of Inductor's own order of
+        the graph without them: bytes (int), a size string ("512MB", "2GiB") or a percentage ("5%") of the
+        graph's FSDP payload (gathered parameters + gradients to reduce: the same on every rank).
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
@@ -67,10 +68,10 @@ class Options:
             out[f.name] = value
         return out
 
-    def memory_budget_bytes(self, baseline_peak: int, resident_bytes: int = 0) -> int:
-        """The budget in bytes for a graph whose unplanned peak is ``baseline_peak`` bytes of intermediates
-        on top of ``resident_bytes`` of graph inputs; a percentage is of the two together."""
-        return parse_memory_budget(self.memory_budget, baseline_peak + resident_bytes)
+    def memory_budget_bytes(self, reference_bytes: int) -> int:
+        """The budget in bytes; a percentage is of ``reference_bytes`` (the passes use the graph's FSDP
+        payload, ``bucketing.plan.fsdp_payload_bytes``: rank-invariant, unlike any activation-sized peak)."""
+        return parse_memory_budget(self.memory_budget, reference_bytes)
 
     @classmethod
     def from_env(cls, base: "Options | None" = None, environ: Mapping[str, str] | None = None) -> "Options":

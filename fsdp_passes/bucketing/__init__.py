@@ -7,6 +7,7 @@ graph in place and returns what it did.  See docs/bucketing.md.
 
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -14,17 +15,19 @@ from typing import Any, Mapping
 import torch.fx as fx
 
 from ..dag.from_fx import dag_from_fx
-from ..dag.graph import Dag
+from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 from .auto import plan_auto
+from .choice import fit_to_budget, memory_claim, memory_limits
 from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
-from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
-from .placement import issue_gathers_before_reductions, renumbered
+from .plan import Bucket, BucketPlanResult, break_cycles, fsdp_payload_bytes, plan_cycles
+from .placement import issue_gathers_before_reductions
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
 
 __all__ = [
     "BUCKET_META_KEY",
     "Bucket",
+    "BucketOverBudget",
     "BucketPlanResult",
     "BucketingResult",
     "RewriteStats",
@@ -33,10 +36,12 @@ __all__ = [
     "bucket_graph",
     "expand_pattern",
     "expand_plan",
+    "graph_memory_budget",
     "plan_auto",
     "plan_bucketing",
     "plan_cycles",
     "plan_manual",
+    "trim_to_budget",
 ]
 
 
@@ -58,7 +63,9 @@ class BucketingResult:
     unmatched_entries: list[str] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     rewrite: RewriteStats | None = None
-    choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their simulated scores)
+    choice: Any = None  # bucketing="auto": the .choice.AutoChoice (candidates and their scores)
+    memory_budget_bytes: int = 0  # memory_budget in bytes for this graph
+    memory_budget_used_bytes: int = 0  # the plan's claim on it (choice.memory_claim), placement included
     report: Any = None  # fsdp_passes.report.GraphReport for this graph (pass_name "fx")
 
     @property
@@ -91,6 +98,8 @@ class BucketingResult:
             "unmatched_entries": list(self.unmatched_entries),
             "collectives": list(self.collectives),
             "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "memory_budget_used_bytes": self.memory_budget_used_bytes,
             **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
         }
 
@@ -101,13 +110,14 @@ def plan_bucketing(
     cost_model: Any = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
-    baseline_peak: int | None = None,
-    budget_scale: float = 1.0,
 ) -> BucketPlanResult:
-    """The plan ``options`` ask for, made acyclic (a bucket that would close a cycle is split).
+    """The plan ``options`` ask for, within the memory budget and acyclic (a bucket that would close a cycle
+    is split).  Rank-invariant: it reads the collectives, the graph's structure, the options and the cluster
+    profile, never activation sizes.
 
-    budget_scale: the auto planner plans against ``memory_budget * budget_scale`` (``bucket_graph`` lowers it
-    when the simulated result overshoots the budget).
+    ``auto`` is the greedy planner alone (``bucket_graph`` also weighs the other candidates of
+    ``choice.choose_auto_plan``); a ``manual`` plan's buckets over the memory limit are split
+    (``trim_to_budget``).
     """
     mode = options.bucketing
     if mode == "none":
@@ -115,27 +125,50 @@ def plan_bucketing(
 
         n = sum(1 for node in dag.nodes if node.kind is NodeKind.COLLECTIVE)
         return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
+    budget = graph_memory_budget(dag, options)
     if mode == "manual":
         if not options.bucket_plan:
             raise ValueError("fsdp_passes option bucket_plan is required when bucketing='manual'")
         plan = plan_manual(dag, options.bucket_plan, bucket_non_fsdp=options.bucket_non_fsdp,
                            param_fqns=param_fqns, strict=options.strict)
+        trim_to_budget(dag, plan, budget, strict=options.strict)
     elif mode == "auto":
         if cost_model is None:
             from ..cost_model import CostModel
 
             cost_model = CostModel.from_options(options.cluster, options.calibration)
-        durations = cost_model.estimate(dag)
-        if baseline_peak is None:
-            from ..simulate.memory import peak_memory
-
-            baseline_peak = peak_memory(dag, list(range(len(dag.nodes))))
-        budget = int(options.memory_budget_bytes(baseline_peak, dag.resident_bytes) * budget_scale)
-        plan = plan_auto(dag, durations, cost_model, bucket_cap_mb=options.bucket_cap_mb,
-                         memory_budget_bytes=budget, bucket_non_fsdp=options.bucket_non_fsdp)
+        plan = plan_auto(dag, cost_model, bucket_cap_mb=options.bucket_cap_mb,
+                         memory_budget_bytes=memory_limits(dag, budget), bucket_non_fsdp=options.bucket_non_fsdp)
+        fit_to_budget(dag, plan, budget)
     else:
         raise ValueError(f"fsdp_passes option bucketing={mode!r} is not valid: expected 'auto', 'manual' or 'none'")
     return break_cycles(dag, plan)
+
+
+def graph_memory_budget(dag: Dag, options: Options) -> int:
+    """``options.memory_budget`` in bytes for the graph of ``dag``: a percentage is of its FSDP payload
+    (``fsdp_payload_bytes``), the same on every rank."""
+    return options.memory_budget_bytes(fsdp_payload_bytes(dag))
+
+
+class BucketOverBudget(ValueError):
+    """A manual plan's bucket would take the peak over the memory budget (raised with ``strict=True``)."""
+
+
+def trim_to_budget(dag: Dag, plan: BucketPlanResult, budget: int, *, strict: bool) -> list[str]:
+    """Split the buckets of a manual ``plan`` that would take it over ``budget`` (``choice.fit_to_budget``),
+    warning with their names, or raise ``BucketOverBudget`` when ``strict``.  Returns the split buckets'
+    labels."""
+    over = fit_to_budget(dag, plan, budget) if not strict else fit_to_budget(dag, copy.deepcopy(plan), budget)
+    if not over:
+        return []
+    names = [f"{b.label or b.member_names[0]} ({b.op.value}, {len(b)} collectives)" for b in over]
+    message = (f"fsdp_passes: bucket_plan buckets {describe_entries(names)} would take the peak over "
+               f"memory_budget={budget} B")
+    if strict:
+        raise BucketOverBudget(message + "; raise memory_budget or make the plan finer")
+    warnings.warn(message + ": split into smaller buckets", stacklevel=3)
+    return [b.label for b in over]
 
 
 def bucket_graph(
@@ -144,7 +177,6 @@ def bucket_graph(
     cost_model: Any = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
-    baseline_peak: int | None = None,
     graph_name: str = "graph",
 ) -> BucketingResult:
     """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
@@ -152,10 +184,10 @@ def bucket_graph(
     cost_model: a ``fsdp_passes.cost_model.CostModel`` for ``bucketing="auto"`` (default: one built from
         ``options.cluster`` / ``options.calibration``).
     param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
-    baseline_peak: the unbucketed graph's peak memory in bytes, for a percentage ``memory_budget``
-        (default: simulated from the DAG in graph order).
     graph_name: names the graph in ``result.report``.
 
+    Memory: the plan's rank-invariant claim (``choice.memory_claim``) stays within ``memory_budget``; the
+    claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
     ``options.strict``; otherwise they are reported in the result and warned about.
     """
@@ -166,16 +198,15 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
+    budget = graph_memory_budget(dag, options)
     choice = None
     if options.bucketing == "auto":
-        from ..simulate.memory import peak_memory
         from .choice import choose_auto_plan
 
-        base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
-        choice = choose_auto_plan(g, dag, options, cost_model, base_peak, param_fqns=param_fqns)
-        plan, after = choice.plan, choice.after
+        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns)
+        plan = choice.plan
     else:
-        plan, after = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns), None
+        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
@@ -183,10 +214,14 @@ def bucket_graph(
             stacklevel=2,
         )
     stats = apply_buckets(graph, dag, plan.buckets)
+    used = memory_claim(plan.buckets)
     if options.reorder:
-        placed = _place_gathers(g, dag, options, baseline_peak)
-        if placed is not None:
-            stats.gathers_ahead_of_reductions, after = placed
+        # re-gathers ahead of the reductions before them, for reductions whose inputs fit in what is left
+        gathers = memory_claim([b for b in plan.buckets if b.op is CollectiveOp.ALL_GATHER])
+        moved_bytes: list[int] = []
+        stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
+            g, dag_from_fx(g), max_moved_bytes=budget - gathers, moved_bytes=moved_bytes)
+        used = memory_claim(plan.buckets, max(moved_bytes, default=0))
     result = BucketingResult(
         mode=options.bucketing,
         buckets=plan.buckets,
@@ -197,75 +232,14 @@ def bucket_graph(
         collectives=list(stats.collectives),
         rewrite=stats,
         choice=choice,
+        memory_budget_bytes=budget,
+        memory_budget_used_bytes=used,
     )
-    result.report = _report(result, dag, g, options, cost_model, graph_name, after)
+    result.report = _report(result, dag, g, options, cost_model, graph_name)
     return result
 
 
-def _place_gathers(g: fx.Graph, original: Dag, options: Options,
-                   baseline_peak: int | None) -> tuple[int, Dag] | None:
-    """Let backward re-gathers go ahead of the reductions before them (``placement.py``), if the graph's
-    simulated peak stays within the memory budget of the original graph; else leave the order as it was.
-    Returns (gathers moved, DAG of the result), or None when nothing moved."""
-    from ..simulate.memory import peak_memory
-
-    order = list(g.nodes)
-    before = dag_from_fx(g)
-    moved = issue_gathers_before_reductions(g, before)
-    if not moved:
-        return None
-    base = peak_memory(original, list(range(len(original)))) if baseline_peak is None else baseline_peak
-    after = renumbered(before, g) or dag_from_fx(g)
-    if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
-        return moved, after
-    anchor = g._root  # over budget: put every node back where it was
-    for node in order:
-        anchor.append(node)
-        anchor = node
-    return None
-
-
-def _plan_auto_within_budget(g: fx.Graph, dag: Dag, options: Options, cost_model: Any, baseline_peak: int | None,
-                             max_rounds: int = 4) -> tuple[BucketPlanResult, Dag | None, float, fx.Graph | None]:
-    """Auto plan whose rewritten graph stays within the memory budget on the simulator's memory model.
-
-    The planner's per-bucket memory estimate ignores buckets live at the same time (a gradient bucket while
-    re-gathered parameters are held), so the plan is applied to a scratch copy of the graph, its peak
-    simulated, and the plan redone with a proportionally smaller budget while it overshoots.  Returns the plan,
-    the DAG of the rewritten copy (equal to what the real rewrite gives), the budget scale the plan was made
-    with, and the rewritten copy itself (DAG and copy are None when nothing is merged).  This is the "greedy"
-    candidate of ``choice.choose_auto_plan``.
-    """
-    from ..simulate.memory import peak_memory
-
-    base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
-    budget = options.memory_budget_bytes(base_peak, dag.resident_bytes)
-    scale = 1.0
-    plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak)
-    for _ in range(max_rounds):
-        if not any(len(b) > 1 for b in plan.buckets):
-            return plan, None, scale, None
-        trial, trial_dag = _scratch_copy(g, dag)
-        apply_buckets(trial, trial_dag, plan.buckets)
-        after = dag_from_fx(trial)
-        increase = peak_memory(after, list(range(len(after)))) - base_peak
-        if increase <= budget:
-            return plan, after, scale, trial
-        scale *= max(0.0, budget / increase) * 0.9
-        plan = plan_bucketing(dag, options, cost_model, baseline_peak=base_peak, budget_scale=scale)
-    if any(len(b) > 1 for b in plan.buckets):  # still over after the last round: do not merge at all
-        for b in plan.buckets:
-            if len(b) > 1:
-                b.close_reason = "memory"
-        plan.buckets = [
-            _single(dag, m, b.label) for b in plan.buckets for m in b.members
-        ]
-    return plan, None, 0.0, None
-
-
 def _describe_choice(choice: Any) -> str:
-    if not choice.scored:
-        return f"auto chose {choice.chosen}: {choice.note}"
     parts = []
     for c in choice.candidates:
         if c.skipped:
@@ -279,38 +253,18 @@ def _describe_choice(choice: Any) -> str:
     return f"auto chose {choice.chosen} of: " + "; ".join(parts)
 
 
-def _single(dag: Dag, m: int, label: str) -> Bucket:
-    from .plan import make_bucket
-
-    return make_bucket(dag, [m], close_reason="memory", label=label)
-
-
-def _scratch_copy(g: fx.Graph, dag: Dag) -> tuple[fx.Graph, Dag]:
-    """A copy of ``g`` and of ``dag`` pointing at the copy's nodes (same ids)."""
-    import copy as _copy
-
-    new = fx.Graph()
-    val_map: dict[fx.Node, fx.Node] = {}
-    out = new.graph_copy(g, val_map)
-    new.output(out)
-    nodes = []
-    for node in dag.nodes:
-        c = _copy.copy(node)
-        c.origin = val_map.get(node.origin, node.origin)
-        nodes.append(c)
-    return new, Dag(nodes, dag.edges(), dag.resident_bytes)
-
-
 def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: Any,
-            graph_name: str, after: Dag | None = None) -> Any:
-    """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
+            graph_name: str) -> Any:
+    """A ``GraphReport`` (pass "fx"): counts and the memory budget always; simulated time and memory (on the
+    unfused FX graph: for information, the promise is kept at the scheduler level) with a cost model."""
     from ..report import GraphReport, collective_fingerprint, fill_schedule_numbers
 
     report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
                          n_collectives_after=result.n_collectives_after, options=options.to_json())
     report.extra["bucketing"] = result.to_json()
-    if after is None:
-        after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
+    report.extra["memory_budget_bytes"] = result.memory_budget_bytes
+    report.extra["memory_budget_used_bytes"] = result.memory_budget_used_bytes
+    after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         fill_schedule_numbers(

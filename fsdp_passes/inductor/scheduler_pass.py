@@ -30,7 +30,6 @@ def reorder_scheduler_nodes(
     """
     from ..cost_model import CostModel
     from ..reordering import plan_order
-    from ..simulate import peak_memory
 
     start = time.perf_counter()
     nodes = list(nodes)
@@ -39,22 +38,25 @@ def reorder_scheduler_nodes(
     durations = cost_model.estimate(dag)
     identity = list(range(len(nodes)))
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
+    # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
+    # bound from payloads) out of it; reordering gets the rest over the order Inductor built
+    fx_report = find_report(graph_name, "fx")
+    if fx_report is not None and fx_report.fallback is None and "memory_budget_bytes" in fx_report.extra:
+        total = int(fx_report.extra["memory_budget_bytes"])
+        used = int(fx_report.extra["memory_budget_used_bytes"])
+    else:
+        from ..bucketing.plan import fsdp_payload_bytes
+
+        total, used = options.memory_budget_bytes(fsdp_payload_bytes(dag)), 0
+    budget = max(0, total - used)
+    report.extra["memory_budget_total_bytes"] = total
+    report.extra["memory_budget_used_by_fx_pass"] = used
+    report.extra["memory_budget_bytes"] = budget
     if options.reorder:
-        baseline_peak = peak_memory(dag, identity)
-        budget = options.memory_budget_bytes(baseline_peak, dag.resident_bytes)
-        report.extra["memory_budget_total_bytes"] = budget
-        # one budget for the whole graph: what the FX pass (bucketing, placement) already added to the peak
-        # is not available to reordering any more
-        fx_report = find_report(graph_name, "fx")
-        if fx_report is not None and fx_report.fallback is None:
-            used = max(0, fx_report.peak_memory_bytes_after - fx_report.peak_memory_bytes_before)
-            budget = max(0, budget - used)
-            report.extra["memory_budget_used_by_fx_pass"] = used
-            if budget == 0 and used > 0:
-                report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
-                                        "raise memory_budget to let the reordering prefetch")
-                log.info("fsdp_passes %s: %s", graph_name, report.extra["note"])
-        report.extra["memory_budget_bytes"] = budget
+        if budget == 0 and used > 0:
+            report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
+                                    "raise memory_budget to let the reordering prefetch")
+            log.info("fsdp_passes %s: %s", graph_name, report.extra["note"])
         result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
         order = list(result.order)
         report.collectives_moved = result.moved
@@ -71,6 +73,9 @@ def reorder_scheduler_nodes(
     if injected("scheduler") == "exception":
         raise RuntimeError("injected failure in the scheduler pass")
     timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
+    # peak_memory_bytes_before is Inductor's order of the graph it was given (without bucketing: the no-pass
+    # peak); the final order keeps within it plus what the FX pass left of the budget
+    report.extra["memory_limit_bytes"] = report.peak_memory_bytes_before + budget
     report.pass_time_s = time.perf_counter() - start
     record(report)
     log.info("fsdp_passes %s", report.one_line())
