@@ -160,7 +160,8 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
             except Exception:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
-        if any(b.get_name() in outputs for b in buffers):
+        # an in-place collective (all_reduce_) or a wait writes a buffer it does not own: a graph output too
+        if any(b.get_name() in outputs or any(m in outputs for m in b.get_mutations()) for b in buffers):
             node.is_output = True
         for b in buffers:
             producer[b.get_name()] = i
