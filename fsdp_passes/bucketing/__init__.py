@@ -217,10 +217,10 @@ def bucket_graph(
     used = memory_claim(plan.buckets)
     if options.reorder:
         # re-gathers ahead of the reductions before them, for reductions whose inputs fit in what is left
-        gathers = memory_claim([b for b in plan.buckets if b.op is CollectiveOp.ALL_GATHER])
+        others = memory_claim([b for b in plan.buckets if b.op is not CollectiveOp.REDUCE_SCATTER])
         moved_bytes: list[int] = []
         stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
-            g, dag_from_fx(g), max_moved_bytes=budget - gathers, moved_bytes=moved_bytes)
+            g, dag_from_fx(g), max_moved_bytes=budget - others, moved_bytes=moved_bytes)
         used = memory_claim(plan.buckets, max(moved_bytes, default=0))
     result = BucketingResult(
         mode=options.bucketing,

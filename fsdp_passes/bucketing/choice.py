@@ -144,18 +144,20 @@ def _signature(plan: BucketPlanResult) -> tuple:
 # -- memory claim ----------------------------------------------------------------------------------------------
 
 def memory_claim(buckets: list[Bucket], moved_reduction_bytes: int = 0) -> int:
-    """The part of ``memory_budget`` a plan may use, from payloads only: every bucket's ``kept_bytes``, plus
-    the largest gather bucket's ``extra_bytes``, plus the largest of the reduction buckets' ``extra_bytes``
-    and the reductions moved behind a re-gather (``moved_reduction_bytes``: their inputs stay alive while the
-    gather's output exists).
+    """The part of ``memory_budget`` a plan may use, from payloads only: every bucket's ``kept_bytes``, plus,
+    per collective kind (all-gather, reduce-scatter, all-reduce), the largest ``extra_bytes`` of its buckets;
+    the reduce-scatter part is at least the payload of the reductions moved behind a re-gather
+    (``moved_reduction_bytes``: their inputs stay alive while the gather's output exists).
 
     Buckets of one kind run one after another (the next gather bucket is issued after the previous one's
-    members are in use), so only the largest of a kind counts; a gather and a reduction can be in flight
-    together in a backward graph, so the two kinds add; what is kept to the end adds up."""
+    members are in use), so only the largest of a kind counts; buckets of different kinds (a backward's
+    gathers and reduce-scatters, HSDP's all-reduces on the replicate group) can be in flight together, so the
+    kinds add; what is kept to the end adds up."""
     kept = sum(b.kept_bytes for b in buckets)
-    gathers = max((b.extra_bytes for b in buckets if b.op is CollectiveOp.ALL_GATHER), default=0)
-    reductions = max((b.extra_bytes for b in buckets if b.op in _REDUCTIONS), default=0)
-    return kept + gathers + max(reductions, moved_reduction_bytes)
+    per_kind: dict[CollectiveOp, int] = {CollectiveOp.REDUCE_SCATTER: moved_reduction_bytes}
+    for b in buckets:
+        per_kind[b.op] = max(per_kind.get(b.op, 0), b.extra_bytes)
+    return kept + sum(per_kind.values())
 
 
 def fit_to_budget(dag: Dag, plan: BucketPlanResult, budget: int) -> list[Bucket]:
@@ -189,11 +191,10 @@ def fit_to_budget(dag: Dag, plan: BucketPlanResult, budget: int) -> list[Bucket]
 
 def memory_limits(dag: Dag, budget: int) -> int:
     """Largest ``extra_bytes_bound`` one bucket may have so that ``memory_claim`` stays within ``budget``: the
-    whole budget when the graph's FSDP collectives are of one kind (a forward's gathers, a backward's
-    reductions without re-gathers), else half of it for each kind."""
-    kinds = {CollectiveOp.ALL_GATHER if n.collective is CollectiveOp.ALL_GATHER else "reduction"
-             for n in dag.nodes if n.fsdp and n.collective in (CollectiveOp.ALL_GATHER, *_REDUCTIONS)}
-    return budget if len(kinds) < 2 else budget // 2
+    budget divided by the number of kinds of FSDP collectives in the graph (a forward's gathers: the whole
+    budget; a backward's re-gathers and reduce-scatters: half each)."""
+    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in (CollectiveOp.ALL_GATHER, *_REDUCTIONS)}
+    return budget // max(1, len(kinds))
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------

@@ -25,30 +25,32 @@ class GraphMeasure:
     peak_bytes: int
 
 
-def per_group_sequences(capture: SchedulerCapture, which: str = "after") -> dict[str, list[str]]:
-    """Each process group's collective sequence in ``capture.after`` (or ``.before``)."""
+def _dag(capture: SchedulerCapture, which: str) -> Any:
     from ..inductor.scheduler_adapter import dag_from_scheduler_nodes
-    from ..report import collective_sequence
 
     with capture.graph_context():
-        dag = dag_from_scheduler_nodes(getattr(capture, which))
+        return dag_from_scheduler_nodes(getattr(capture, which))
+
+
+def _per_group(dag: Any) -> dict[str, list[str]]:
+    from ..report import collective_sequence
+
     out: dict[str, list[str]] = {}
     for item in collective_sequence(dag):
         out.setdefault(item.split(" ")[1], []).append(item)
     return out
 
 
+def per_group_sequences(capture: SchedulerCapture, which: str = "after") -> dict[str, list[str]]:
+    """Each process group's collective sequence in ``capture.after`` (or ``.before``)."""
+    return _per_group(_dag(capture, which))
+
+
 def _measure(capture: SchedulerCapture) -> GraphMeasure:
-    from ..inductor.scheduler_adapter import dag_from_scheduler_nodes
-    from ..report import collective_sequence
     from ..simulate import peak_memory
 
-    with capture.graph_context():
-        dag = dag_from_scheduler_nodes(capture.after)
-    sequences: dict[str, list[str]] = {}
-    for item in collective_sequence(dag):
-        sequences.setdefault(item.split(" ")[1], []).append(item)
-    return GraphMeasure(capture.graph_name, sequences, peak_memory(dag, list(range(len(dag)))))
+    dag = _dag(capture, "after")
+    return GraphMeasure(capture.graph_name, _per_group(dag), peak_memory(dag, list(range(len(dag)))))
 
 
 def measure_compile(fn: Callable[..., Any], *args: Any, options: Optional[Mapping[str, Any]] = None,
