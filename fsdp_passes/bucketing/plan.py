@@ -20,8 +20,7 @@ BUCKETABLE_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, Collecti
 CLOSE_REASONS = (
     "plan",        # a manual plan entry ended here
     "size_cap",    # the next member would exceed bucket_cap_mb
-    "memory",      # the next member would exceed the memory budget
-    "overlap",     # merging the next member would expose more communication than issuing it alone
+    "memory",      # the bucket would exceed its share of the memory budget (rank-invariant bound)
     "latency",     # merging the next member would not be cheaper than two collectives
     "dependency",  # the next member depends on a member's result
     "dtype",       # a manual plan entry holds several dtypes: one bucket per dtype
