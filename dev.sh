@@ -23,6 +23,9 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "dev.sh: installing torch 2.13.0 (CPU) and the package into .venv ..." >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0 numpy
   .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+  # third-party model tier: torchtitan without its data-loading dependencies (its model imports need only
+  # what setup.py's test extras list)
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps torchtitan==0.3.0
   echo "$want" > "$stamp"
 fi
 

@@ -22,7 +22,17 @@ setup(
         "networkx>=3.0",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6"],
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6",
+            # third-party model tier (tests/models): small random configurations, nothing downloaded at run time;
+            # torchtitan itself is installed by dev.sh with --no-deps (its data-loading and logging
+            # dependencies are not needed), these are what its model and SimpleFSDP imports need
+            "transformers==5.23.0",
+            "tyro==1.0.17",
+            "einops==0.8.2",
+            "spmd_types==0.2.3",
+        ],
         "plot": ["matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["fsdp-passes=fsdp_passes.__main__:main"]},

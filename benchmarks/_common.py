@@ -71,12 +71,7 @@ def build_sharded_llama(d: LlamaDims, **fsdp_options: Any) -> nn.Module:
     with torch.device("meta"):
         model = Llama(d.layers, d.dim, d.n_heads, d.n_kv_heads, d.ffn_dim, d.vocab, d.seq_len)
     simple_fsdp(model, **fsdp_options)
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None and p.device.type == "meta":
-                mod._parameters[name] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype),
-                                                     requires_grad=p.requires_grad)
-    return model
+    return model.to_empty(device="cpu")  # allocates the padded shards only
 
 
 def tokens(d: LlamaDims) -> torch.Tensor:

@@ -96,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Cluster:
     """Two network namespaces joined by a rate-limited veth pair; ``close()`` removes everything."""
 
-    def __init__(self, prefix: str, rate: str) -> None:
+    def __init__(self, prefix: str, rate: str, script: Path | None = None) -> None:
+        self.script = (script or Path(__file__)).resolve()  # what each rank runs (with --rank R)
         tag = f"{prefix}-{os.getpid()}"
         self.namespaces = [f"{tag}-0", f"{tag}-1"]
         self.veths = [f"fb{os.getpid()}a", f"fb{os.getpid()}b"]  # <= 15 characters
@@ -118,7 +119,7 @@ class Cluster:
             _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", veth, "root", *self.tbf])
 
     def spawn(self, rank: int, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-        cmd = ["ip", "netns", "exec", self.namespaces[rank], sys.executable, str(Path(__file__).resolve()), *argv]
+        cmd = ["ip", "netns", "exec", self.namespaces[rank], sys.executable, str(self.script), *argv]
         env = dict(env, GLOO_SOCKET_IFNAME=self.veths[rank], MASTER_ADDR=self.addrs[0], MASTER_PORT="29511")
         with open(log, "wb") as f:
             proc = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)

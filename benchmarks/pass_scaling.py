@@ -7,7 +7,7 @@ of about 1k, 10k and 100k nodes.  Timed stages, each on the same DAG:
 
   build     creating the DagNodes and the Dag (edges, topological ranks, group sequences)
   estimate  CostModel("h100-nvlink").estimate(dag)
-  bucket    bucketing.plan_bucketing(dag, Options(bucketing="auto"))   (the plan; the FX rewrite needs a graph)
+  bucket    pipeline.plan_bucketing(dag, Options(bucketing="auto"))   (the plan; the FX rewrite needs a graph)
   reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the baseline peak)
 
 The growth exponent is the slope of log(time) against log(nodes), least squares over the sizes.
@@ -106,7 +106,7 @@ def layers_for(n_nodes: int) -> int:
 
 
 def time_synthetic(target: int) -> dict[str, Any]:
-    from fsdp_passes.bucketing import plan_bucketing
+    from fsdp_passes.pipeline import plan_bucketing
     from fsdp_passes.cost_model import CostModel
     from fsdp_passes.dag.graph import Dag
     from fsdp_passes.options import Options

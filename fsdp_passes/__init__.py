@@ -1,6 +1,7 @@
 """fsdp_passes: bucketing and overlap scheduling of FSDP collectives inside torch.compile / Inductor.
 
     import fsdp_passes
+    model = fsdp_passes.data_parallel(model, mesh)      # SimpleFSDP: collectives traced by torch.compile
     fsdp_passes.enable(bucketing="auto", reorder=True, cluster="h100-nvlink", memory_budget="5%")
     model = torch.compile(model)
     ...
@@ -10,35 +11,40 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 __version__ = "0.1.0"
 
 from .options import Options  # noqa: E402
-from .report import GraphReport, last_reports  # noqa: E402
+from .pipeline.report import GraphReport  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch.distributed
+    import torch.fx
+
+    from .inductor.capture import SchedulerCapture
+    from .inductor.scheduler_pass import BaseSchedulerNode
+    from .pipeline import BucketingResult
 
 
 def enable(options: Options | None = None, **kwargs: Any) -> Options:
     """Install the passes into ``torch._inductor.config`` for every later ``torch.compile``.
 
-    Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``), then
-    ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value raises ``ValueError``
-    naming the option.  Calling ``enable`` again replaces the options; passes already set in those config
-    slots by the user keep running alongside ours.  Returns the options in force.
+    Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``; keywords win),
+    then ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value, an unknown keyword
+    or an unknown ``FSDP_PASSES_*`` variable raises ``ValueError`` naming it.  Calling ``enable`` again replaces the options; passes already set
+    in those config slots by the user keep running alongside ours.  Returns the options in force.
     """
-    from .inductor.hooks import install
+    from .inductor.install import install
 
-    if options is not None and not isinstance(options, Options):
-        raise ValueError(f"fsdp_passes.enable(options={options!r}): expected an fsdp_passes.Options or keywords")
-    base = options.replace(**kwargs) if options is not None else Options(**_checked_kwargs(kwargs))
-    resolved = Options.from_env(base)
+    resolved = Options.from_env(_merged_options("enable", options, kwargs))
     install(resolved)
     return resolved
 
 
 def disable() -> None:
     """Remove the passes and restore the touched ``torch._inductor.config`` values exactly as they were."""
-    from .inductor.hooks import uninstall
+    from .inductor.install import uninstall
 
     uninstall()
 
@@ -46,7 +52,7 @@ def disable() -> None:
 @contextlib.contextmanager
 def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
     """``enable(...)`` for the duration of a ``with`` block; the previous state is restored afterwards."""
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     previous = active_options()
     resolved = enable(options, **kwargs)
@@ -56,51 +62,96 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
         if previous is None:
             disable()
         else:
-            from .inductor.hooks import install
+            from .inductor.install import install
 
             install(previous)
 
 
+def __getattr__(name: str) -> Any:
+    # the frontend imports torch.distributed.tensor: loaded on first use only
+    if name in ("data_parallel", "MixedPrecisionPolicy"):
+        from . import frontend
+
+        return getattr(frontend, name)
+    raise AttributeError(f"module 'fsdp_passes' has no attribute {name!r}")
+
+
 def is_enabled() -> bool:
-    from .inductor.hooks import active_options
+    from .inductor.install import active_options
 
     return active_options() is not None
 
 
-def _checked_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+def last_reports(clear: bool = False) -> list[GraphReport]:
+    """Reports of the graphs compiled with the passes in this process, oldest first (at most 256 kept);
+    ``clear=True`` empties the history after reading it."""
+    from .inductor.install import last_reports as _last_reports
+
+    return _last_reports(clear)
+
+
+def _merged_options(function: str, options: Options | None, kwargs: dict[str, Any]) -> Options:
+    """``options`` (default ``Options()``) with the keyword arguments applied over it, validated.
+
+    Every function that takes both an ``Options`` and keywords merges them this one way: keywords win.
+    """
     import dataclasses
+    import difflib
 
-    known = {f.name for f in dataclasses.fields(Options)}
-    unknown = sorted(set(kwargs) - known)
+    if options is not None and not isinstance(options, Options):
+        raise ValueError(f"fsdp_passes.{function}(options={options!r}): expected an fsdp_passes.Options "
+                         "(or None) and/or option keywords")
+    known = [f.name for f in dataclasses.fields(Options)]
+    unknown = sorted(set(kwargs) - set(known))
     if unknown:
-        raise ValueError(f"fsdp_passes: unknown option(s) {', '.join(unknown)}; known options: {', '.join(sorted(known))}")
-    return kwargs
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(f"fsdp_passes.{function}: unknown option(s) {', '.join(unknown)}{hint}; known options: "
+                         f"{', '.join(known)}")
+    if options is None:
+        return Options(**kwargs)
+    return options.replace(**kwargs) if kwargs else options
 
 
-def bucket_graph(graph: Any, options: Options | None = None, **kwargs: Any) -> Any:
-    """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats."""
-    from .bucketing import bucket_graph as _bucket_graph
+def bucket_graph(graph: torch.fx.Graph | torch.fx.GraphModule, options: Options | None = None,
+                 **kwargs: Any) -> BucketingResult:
+    """Run the bucketing pass on a captured post-grad FX graph (in place); returns its result and stats.
 
-    return _bucket_graph(graph, options or Options(**_checked_kwargs(kwargs)))
+    Keyword options are applied over ``options`` (keywords win), as in ``enable``.
+    """
+    from .pipeline import bucket_graph as _bucket_graph
+
+    return _bucket_graph(graph, _merged_options("bucket_graph", options, kwargs))
 
 
-def verify_rank_consistency(group: Any = None) -> None:
+def verify_rank_consistency(group: torch.distributed.ProcessGroup | None = None) -> None:
     """Raise ``RuntimeError`` naming the first graph and collective where the ranks of ``group`` compiled
     different collective sequences (they would hang); see ``fsdp_passes.debug.consistency``."""
     from .debug.consistency import verify_rank_consistency as _verify
 
-    _verify(group)
+    _verify(last_reports(), group)
 
 
-def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs: Any) -> Any:
+def calibrate_from_trace(path: Any, base: Any = None) -> Any:
+    """A ``Calibration`` measured from a ``torch.profiler`` Chrome trace of a real training step: compiled
+    kernels by name, collectives by op, size and group size (see ``fsdp_passes.cost_model.trace_calibration``).
+    Save it (``.save(path)``) and pass the path as ``enable(calibration=...)``."""
+    from .cost_model.trace_calibration import calibrate_from_trace as _calibrate
+
+    return _calibrate(path, base)
+
+
+def reorder_scheduler_nodes(nodes: Sequence[BaseSchedulerNode] | SchedulerCapture, options: Options | None = None,
+                            **kwargs: Any) -> tuple[list[BaseSchedulerNode], GraphReport]:
     """Run the reordering pass on scheduler nodes; returns (new order, GraphReport).
 
     ``nodes`` is a node list or a ``fsdp_passes.testing.SchedulerCapture`` (its ``before`` list is used,
     inside the captured graph's context so sizes and FLOPs resolve exactly as during the compile).
+    Keyword options are applied over ``options`` (keywords win), as in ``enable``.
     """
     from .inductor.scheduler_pass import reorder_scheduler_nodes as _reorder
 
-    options = options or Options(**_checked_kwargs(kwargs))
+    options = _merged_options("reorder_scheduler_nodes", options, kwargs)
     if hasattr(nodes, "graph_context") and hasattr(nodes, "before"):
         with nodes.graph_context():
             return _reorder(nodes.before, options, graph_name=nodes.graph_name)
@@ -109,8 +160,11 @@ def reorder_scheduler_nodes(nodes: Any, options: Options | None = None, **kwargs
 
 __all__ = [
     "GraphReport",
+    "MixedPrecisionPolicy",
     "Options",
     "bucket_graph",
+    "calibrate_from_trace",
+    "data_parallel",
     "disable",
     "enable",
     "enabled",

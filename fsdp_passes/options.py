@@ -1,12 +1,16 @@
 """``Options``: every knob of the passes, validated in one place.
 
 Each field can be overridden by an environment variable ``FSDP_PASSES_<FIELD NAME IN CAPITALS>`` read at
-``enable()`` time (e.g. ``FSDP_PASSES_BUCKETING=none``, ``FSDP_PASSES_MEMORY_BUDGET=2GB``).
+``enable()`` time (e.g. ``FSDP_PASSES_BUCKETING=none``, ``FSDP_PASSES_MEMORY_BUDGET=2GB``).  Every value is
+checked when it is given: a wrong one is a ``ValueError`` naming the option (or the variable), the value and
+what is allowed.  Any other ``FSDP_PASSES_*`` variable is an error naming the closest known one, except the
+few that the test harness and benchmarks read (``TOOL_ENV_VARS``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -19,6 +23,17 @@ ENV_PREFIX = "FSDP_PASSES_"
 
 BucketPlan = list  # list[str | list[str]]: module FQN patterns, see bucketing.manual
 
+# FSDP_PASSES_* variables that are not options: read by the test suite and the benchmarks, not by enable()
+TOOL_ENV_VARS = ("FSDP_PASSES_TEST_CACHE", "FSDP_PASSES_BENCH_NS_PREFIX")
+
+
+class OptionError(ValueError):
+    """A ``ValueError`` about one option; ``option`` names it (so an environment variable can be named)."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
+
 
 @dataclass(frozen=True)
 class Options:
@@ -30,11 +45,13 @@ class Options:
     bucket_cap_mb: largest bucket the auto planner builds, in MiB of gathered / pre-scatter payload.
     bucket_non_fsdp: also bucket collectives that are not FSDP parameter gathers / gradient reductions.
     reorder: run the scheduling pass (prefetch all-gathers, sink waits).
-    cluster: name of a shipped cluster profile or a mapping of profile values.
-    calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``).
+    cluster: name of a shipped cluster profile, a profile JSON file or a mapping of profile values.
+    calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``); loaded and checked
+        when the options are made.
     memory_budget: extra peak memory the passes may add, per graph, over the peak of Inductor's own order of
-        the graph without them: bytes (int), a size string ("512MB", "2GiB") or a percentage ("5%") of the
-        graph's FSDP payload (gathered parameters + gradients to reduce: the same on every rank).
+        the graph without them: bytes (int), a size string with its unit ("512MB", "2GiB", "4096B"; a bare
+        "5" is ambiguous and rejected) or a percentage ("5%") of the graph's FSDP payload (gathered
+        parameters + gradients to reduce: the same on every rank).
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
@@ -78,12 +95,28 @@ class Options:
         """``base`` with every ``FSDP_PASSES_<OPTION>`` variable applied."""
         environ = os.environ if environ is None else environ
         base = base or cls()
+        names = [f.name for f in dataclasses.fields(cls)]
+        known = {ENV_PREFIX + n.upper(): n for n in names}
+        for key in sorted(environ):
+            if key.startswith(ENV_PREFIX) and key not in known and key not in TOOL_ENV_VARS:
+                close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+                hint = f"did you mean {close[0]}? " if close else ""
+                raise ValueError(f"environment variable {key} is not an fsdp_passes option: {hint}known: "
+                                 + ", ".join(known))
         changes: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            key = ENV_PREFIX + f.name.upper()
+        for key, name in known.items():
             if key in environ:
-                changes[f.name] = _parse_env_value(f.name, environ[key])
-        return dataclasses.replace(base, **changes) if changes else base
+                changes[name] = _parse_env_value(name, environ[key])
+        if not changes:
+            return base
+        try:
+            return dataclasses.replace(base, **changes)
+        except OptionError as exc:
+            if exc.option not in changes:  # a combination: name every variable that took part
+                applied = ", ".join(f"{ENV_PREFIX + n.upper()}={environ[ENV_PREFIX + n.upper()]!r}" for n in changes)
+                raise ValueError(f"{exc} (with the environment variables {applied})") from None
+            key = ENV_PREFIX + exc.option.upper()
+            raise ValueError(f"environment variable {key}={environ[key]!r} is not valid: {exc}") from None
 
 
 _NUMBER_RE = re.compile(r"^[0-9]*\.?[0-9]+$")  # finite, non-negative: no 'nan', 'inf' or signs
@@ -97,28 +130,32 @@ _SIZE_UNITS = {
 }
 
 
-_BUDGET_FORMS = "bytes (int), a size like '512MB' or '2GiB', or a percentage like '5%'"
+_BUDGET_FORMS = ("bytes as an int (536870912), a size string with a unit ('512MB', '2GiB', '4096B') or a "
+                 "percentage ('5%')")
 
 
-def parse_memory_budget(value: Union[int, str], baseline_peak: int) -> int:
+def parse_memory_budget(value: Union[int, str], reference_bytes: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
+        _fail("memory_budget", value, _BUDGET_FORMS)
     if isinstance(value, int):
         return value
     text = value.strip()
     if text.endswith("%"):
         number = text[:-1].strip()
         if not _NUMBER_RE.match(number):
-            raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
-        return int(float(number) / 100.0 * baseline_peak)
+            _fail("memory_budget", value, _BUDGET_FORMS)
+        return int(float(number) / 100.0 * reference_bytes)
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
-        raise ValueError(f"fsdp_passes option memory_budget={value!r} is not valid: expected {_BUDGET_FORMS}")
+        _fail("memory_budget", value, _BUDGET_FORMS)
+    if not m.group(2):  # "5": bytes? MB? percent? a string needs its unit
+        _fail("memory_budget", value, "a unit (a bare number in a string is ambiguous): "
+              + _BUDGET_FORMS)
     return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
 
 
 def _fail(option: str, value: Any, allowed: str) -> None:
-    raise ValueError(f"fsdp_passes option {option}={value!r} is not valid: expected {allowed}")
+    raise OptionError(option, f"fsdp_passes option {option}={value!r} is not valid: expected {allowed}")
 
 
 def _validate(o: Options) -> None:
@@ -127,10 +164,18 @@ def _validate(o: Options) -> None:
     if o.bucket_plan is not None:
         if not isinstance(o.bucket_plan, (list, tuple)) or not o.bucket_plan:
             _fail("bucket_plan", o.bucket_plan, "a non-empty list of module FQN patterns or lists of them")
+        from .bucketing.manual import PATTERN_SYNTAX, expand_pattern
+
         for entry in o.bucket_plan:
             members = entry if isinstance(entry, (list, tuple)) else [entry]
             if not members or not all(isinstance(m, str) and m for m in members):
                 _fail("bucket_plan", o.bucket_plan, "entries that are non-empty strings or non-empty lists of strings")
+            for pattern in members:
+                try:
+                    expand_pattern(pattern)
+                except ValueError as exc:
+                    raise OptionError("bucket_plan", f"fsdp_passes option bucket_plan entry {pattern!r} is not "
+                                      f"valid: {exc}") from None
     if o.bucketing == "manual" and not o.bucket_plan:
         _fail("bucket_plan", o.bucket_plan, "a plan (list of module FQN patterns) when bucketing='manual'")
     if o.bucketing != "manual" and o.bucket_plan:
@@ -144,22 +189,24 @@ def _validate(o: Options) -> None:
         if not isinstance(getattr(o, flag), bool):
             _fail(flag, getattr(o, flag), "True or False")
     if not isinstance(o.cluster, (str, Mapping)):
-        _fail("cluster", o.cluster, "a profile name or a mapping of profile values")
-    if isinstance(o.cluster, str):
-        from .cost_model.profiles import available_profiles
+        _fail("cluster", o.cluster, "a profile name, a profile JSON file or a mapping of profile values")
+    from .cost_model.profiles import available_profiles, load_profile
 
-        if o.cluster not in available_profiles():
-            _fail("cluster", o.cluster, "one of " + ", ".join(available_profiles()) + " or a mapping")
-    else:
-        from .cost_model.profiles import profile_from_mapping
-
-        try:
-            profile_from_mapping(o.cluster)
-        except (TypeError, ValueError, KeyError) as exc:
-            _fail("cluster", o.cluster, f"a valid profile mapping ({exc})")
+    try:  # the same loader the cost model uses: names, .json files and mappings, checked field by field
+        load_profile(o.cluster)
+    except (TypeError, ValueError, KeyError) as exc:
+        _fail("cluster", o.cluster, "one of " + ", ".join(available_profiles())
+              + ", a profile JSON file or a mapping of profile values" + f" ({exc})")
     if o.calibration is not None:
         if not isinstance(o.calibration, (str, os.PathLike)) or not os.path.isfile(o.calibration):
             _fail("calibration", o.calibration, "the path of an existing calibration JSON file")
+        from .cost_model.calibration import Calibration
+
+        try:
+            Calibration.load(o.calibration)
+        except ValueError as exc:
+            _fail("calibration", o.calibration,
+                  f"a calibration file as 'python -m fsdp_passes calibrate' writes it ({exc})")
     budget = parse_memory_budget(o.memory_budget, 1 << 30)
     if budget < 0:
         _fail("memory_budget", o.memory_budget, "a budget >= 0")
@@ -180,11 +227,21 @@ def _parse_env_value(name: str, text: str) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{key}={text!r}: expected true/false")
-    if name in ("debug_dir", "calibration", "bucketing"):
-        return text or None if name != "bucketing" else text
+        raise ValueError(f"environment variable {key}={text!r} is not valid: expected 1/true/yes/on or "
+                         "0/false/no/off")
+    if name in ("debug_dir", "calibration"):
+        return text or None
+    if name in ("bucketing", "memory_budget"):  # text as given: "5" stays a string (an ambiguous budget)
+        return text
+    if name in ("cluster", "bucket_plan") and text.strip()[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"environment variable {key}={text!r} is not valid JSON ({exc}); expected "
+                             + ("a profile name or a JSON object of profile values" if name == "cluster"
+                                else "a JSON list of module FQN patterns")) from None
     if name == "cluster":
-        return json.loads(text) if text.strip().startswith("{") else text
+        return text
     try:
         return json.loads(text)
     except json.JSONDecodeError:

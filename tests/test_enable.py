@@ -7,7 +7,7 @@ import torch._inductor.config as ic
 
 import fsdp_passes
 from fsdp_passes import Options
-from fsdp_passes.inductor.hooks import FsdpGraphPass, FsdpSchedulerPass
+from fsdp_passes.inductor.passes import FsdpGraphPass, FsdpSchedulerPass
 
 SLOTS = ("post_grad_custom_post_pass", "reorder_for_compute_comm_overlap", "reorder_for_compute_comm_overlap_passes")
 
@@ -164,8 +164,8 @@ def test_uuid_changes_with_options_and_pickles_as_uuid():
 
 
 def test_uuid_changes_with_package_code(monkeypatch):
-    from fsdp_passes.inductor import hooks
+    from fsdp_passes.inductor import cache_key
 
     before = FsdpGraphPass(Options()).uuid()
-    monkeypatch.setattr(hooks, "package_fingerprint", lambda: "a different code version")
+    monkeypatch.setattr(cache_key, "package_fingerprint", lambda: "a different code version")
     assert FsdpGraphPass(Options()).uuid() != before

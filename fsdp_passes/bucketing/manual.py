@@ -8,10 +8,12 @@
 * a pattern matches a collective whose FQN equals it or starts with ``pattern + "."``; ``*`` and ``?``
   wildcards work as in ``fnmatch`` (``"layers.*.attention"``).
 
-The FQN of a collective is its parameter's FQN when the graph records it (``meta["custom"]["fsdp_param"]``,
-or ``param_fqns`` mapping the gathered placeholder's name to the parameter FQN), else the module that ran it
-(``nn_module_stack``, ``fwd_nn_module_stack`` in backward).  The first entry (in plan order) that matches a
-collective claims it.
+A collective is matched by its parameter's FQN when the graph records it (``meta["custom"]["fsdp_param"]``,
+written by this package's frontend or, for any frontend, by the pre-grad pass from Dynamo's parameter
+sources; or ``param_fqns`` mapping the gathered placeholder's name to the parameter FQN) and by the module
+that ran it (``nn_module_stack``, ``fwd_nn_module_stack`` in backward; torchtitan's ``module_fqn``
+annotation).  Both are in the naming of the module given to ``torch.compile``.  The first entry (in plan
+order) that matches either name claims the collective.
 
 Each entry gives one bucket per (op, process group, reduce op, dtype): the forward all-gathers, backward
 re-gathers and gradient reduce-scatters of a layer are separate buckets, as are bf16 gathers and fp32 ones.
@@ -29,7 +31,13 @@ from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_buck
 
 PlanEntry = Union[str, Sequence[str]]
 
-_RANGE_RE = re.compile(r"\[\s*(\d+)\s*-\s*(\d+)\s*\]|\[\s*(\d+(?:\s*,\s*\d+)+)\s*\]")
+_RANGE_RE = re.compile(r"\[\s*(\d+)\s*-\s*(\d+)\s*\]|\[\s*(\d+(?:\s*,\s*\d+)*)\s*\]")
+
+PATTERN_SYNTAX = (
+    "module FQN patterns such as 'layers.0', 'layers.[0-3]' (a range a <= b: one bucket per value), "
+    "'layers.[0,2,5]' (a list of values), '*' and '?' wildcards ('layers.*.attention'), or a list of "
+    "patterns for one bucket"
+)
 
 
 class UnmatchedPlanEntry(ValueError):
@@ -48,22 +56,42 @@ def describe_entries(entries: list[str], limit: int = 8) -> str:
     return shown + (f" and {len(entries) - limit} more" if len(entries) > limit else "")
 
 
+def fqns_seen_hint(fqns: list[str], limit: int = 6) -> str:
+    """`` (FQNs seen: a, b, ...)`` for messages about plan entries that matched nothing."""
+    if not fqns:
+        return " (no collective of this graph records a parameter or module FQN)"
+    return f" (FQNs seen: {', '.join(fqns[:limit])}{', ...' if len(fqns) > limit else ''})"
+
+
 def expand_pattern(pattern: str) -> list[str]:
-    """``"layers.[0-2].attn"`` -> ``["layers.0.attn", "layers.1.attn", "layers.2.attn"]``; no range: itself."""
+    """``"layers.[0-2].attn"`` -> ``["layers.0.attn", "layers.1.attn", "layers.2.attn"]``; no range: itself.
+
+    Brackets hold only a numeric range or list: any other bracket (``[a-b]``, ``[``, ``[0-]``, ``[]``) is a
+    ValueError naming the pattern and ``PATTERN_SYNTAX``.
+    """
     pieces: list[list[str]] = []
     pos = 0
     for m in _RANGE_RE.finditer(pattern):
+        _check_no_brackets(pattern, pattern[pos : m.start()])
         pieces.append([pattern[pos : m.start()]])
         if m.group(1) is not None:
             lo, hi = int(m.group(1)), int(m.group(2))
             if hi < lo:
-                raise ValueError(f"bucket_plan pattern {pattern!r}: range [{lo}-{hi}] is empty")
+                raise ValueError(f"bucket_plan pattern {pattern!r}: range [{lo}-{hi}] is empty; "
+                                 f"expected {PATTERN_SYNTAX}")
             pieces.append([str(v) for v in range(lo, hi + 1)])
         else:
             pieces.append([v.strip() for v in m.group(3).split(",")])
         pos = m.end()
+    _check_no_brackets(pattern, pattern[pos:])
     pieces.append([pattern[pos:]])
     return ["".join(parts) for parts in itertools.product(*pieces)]
+
+
+def _check_no_brackets(pattern: str, text: str) -> None:
+    if "[" in text or "]" in text:
+        raise ValueError(f"bucket_plan pattern {pattern!r}: a bracket must hold a numeric range [a-b] or a "
+                         f"list [a,b,...]; expected {PATTERN_SYNTAX}")
 
 
 def expand_plan(bucket_plan: Sequence[PlanEntry]) -> list[tuple[str, list[str]]]:
@@ -74,7 +102,7 @@ def expand_plan(bucket_plan: Sequence[PlanEntry]) -> list[tuple[str, list[str]]]
     for entry in bucket_plan:
         if isinstance(entry, str):
             if not entry:
-                raise ValueError("bucket_plan: empty pattern")
+                raise ValueError(f"bucket_plan: empty pattern; expected {PATTERN_SYNTAX}")
             out.extend((p, [p]) for p in expand_pattern(entry))
         elif isinstance(entry, Sequence) and entry and all(isinstance(p, str) and p for p in entry):
             patterns = [p for e in entry for p in expand_pattern(e)]
@@ -123,13 +151,24 @@ class _Matcher:
 
 
 def collective_fqn(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> str | None:
-    """The FQN a plan pattern is matched against: the parameter's when known, else the module's."""
+    """The collective's FQN for blocks and reports: the parameter's when known, else the module's."""
+    names = collective_names(node, param_fqns)
+    return names[0] if names else None
+
+
+def collective_names(node: DagNode, param_fqns: Mapping[str, str] | None = None) -> list[str]:
+    """Every FQN a plan pattern may match a collective by: its parameter's, then the module that ran it
+    (they differ for a tied parameter, gathered again in a module that does not own it)."""
+    names: list[str] = []
     name = param_name(node)
+    if not name and param_fqns and node.param_fqn and node.param_fqn in param_fqns:
+        name = param_fqns[node.param_fqn]
     if name:
-        return name
-    if param_fqns and node.param_fqn and node.param_fqn in param_fqns:
-        return param_fqns[node.param_fqn]
-    return node.module_fqn or None
+        names.append(name)
+    module = node.module_fqn
+    if module and not (name and (name == module or name.startswith(module + "."))):
+        names.append(module)
+    return names
 
 
 def plan_manual(
@@ -156,21 +195,22 @@ def plan_manual(
         if why:
             unbucketed[c] = why
             continue
-        fqn = collective_fqn(dag.nodes[c], param_fqns)
-        if fqn is None:
+        names = collective_names(dag.nodes[c], param_fqns)
+        if not names:
             unbucketed[c] = "no parameter or module FQN recorded on the node: no plan entry can match it"
             continue
-        k = match(fqn)
-        if k is None:
-            unbucketed[c] = f"{fqn}: not matched by any bucket_plan entry"
+        found = [k for k in map(match, names) if k is not None]
+        if not found:
+            unbucketed[c] = f"{' / '.join(names)}: not matched by any bucket_plan entry"
         else:
-            claimed[k].append(c)
+            claimed[min(found)].append(c)
 
     missing = [label for (label, _), members in zip(entries, claimed) if not members]
-    if missing and strict:
+    known: list[str] = []
+    if missing:
         known = sorted({f for c in collectives if (f := collective_fqn(dag.nodes[c], param_fqns))})
-        hint = f" (FQNs seen: {', '.join(known[:6])}{', ...' if len(known) > 6 else ''})" if known else ""
-        raise UnmatchedPlanEntry(missing, hint)
+        if strict:
+            raise UnmatchedPlanEntry(missing, fqns_seen_hint(known))
 
     buckets: list[Bucket] = []
     for (label, _), members in zip(entries, claimed):
@@ -193,4 +233,4 @@ def plan_manual(
                 buckets.append(make_bucket(dag, run, close_reason=reason, label=label))
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives),
-                            unmatched_entries=missing)
+                            unmatched_entries=missing, fqns_seen=known)

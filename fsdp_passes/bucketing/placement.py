@@ -91,4 +91,48 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
     return moved
 
 
-__all__ = ["issue_gathers_before_reductions", "MAX_MOVED"]
+def renumbered(dag: Dag, graph: fx.Graph) -> Dag | None:
+    """``dag`` (built from ``graph`` before some of its nodes moved) renumbered in ``graph``'s current order,
+    or None when the move reversed one of its edges.
+
+    When the new order is a linear extension of ``dag`` (every edge still points forward), this equals
+    ``dag_from_fx(graph)``: the data edges are the same, and every buffer's readers and writers keep their
+    relative order, so the mutation-order edges are the same too.  It only copies the nodes: no FX values
+    are read again.
+    """
+    import copy
+
+    id_of = {node.origin: i for i, node in enumerate(dag.nodes)}
+    order = [id_of[n] for n in graph.nodes if n in id_of]
+    if len(order) != len(dag.nodes):
+        return None
+    new_id = [0] * len(order)
+    for pos, i in enumerate(order):
+        new_id[i] = pos
+    edges = []
+    for u, vs in enumerate(dag.succs):
+        nu = new_id[u]
+        for v in vs:
+            if new_id[v] < nu:
+                return None
+            edges.append((nu, new_id[v]))
+    nodes = []
+    for i in order:
+        c = copy.copy(dag.nodes[i])
+        if c.alias_of is not None:
+            c.alias_of = new_id[c.alias_of]
+        if c.collective_of is not None:
+            c.collective_of = new_id[c.collective_of]
+        nodes.append(c)
+    return Dag(nodes, edges, dag.resident_bytes)
+
+
+def restore_order(order: list[fx.Node]) -> None:
+    """Put the nodes of a graph back in ``order`` (all of them, the output node last, as ``list(graph.nodes)``
+    gave them before a move)."""
+    output = order[-1]
+    for node in order[:-1]:
+        output.prepend(node)
+
+
+__all__ = ["issue_gathers_before_reductions", "renumbered", "restore_order", "MAX_MOVED"]

@@ -85,6 +85,7 @@ class BucketPlanResult:
     unbucketed: dict[int, str]
     n_collectives_before: int
     unmatched_entries: list[str] = field(default_factory=list)  # manual plans: entries that matched nothing
+    fqns_seen: list[str] = field(default_factory=list)  # manual plans with unmatched entries: the graph's FQNs
 
     @property
     def n_collectives_after(self) -> int:
@@ -336,13 +337,18 @@ def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int
 
 
 def param_name(node: DagNode) -> str | None:
-    """The parameter FQN a collective moves, when the graph says (``meta['custom']['fsdp_param']``)."""
+    """The parameter FQN a collective moves, when the graph says: ``meta['custom']['fsdp_param']`` (written
+    by this package's frontend, or from Dynamo's parameter sources by the pre-grad pass), else the property
+    getter the module stack went through (a parametrization frontend: ``norm`` + ``weight``)."""
     origin = node.origin
     meta = getattr(origin, "meta", None)
     if isinstance(meta, dict):
         custom = meta.get("custom")
         if isinstance(custom, dict) and isinstance(custom.get("fsdp_param"), str):
             return custom["fsdp_param"]
+        from ..dag.from_fx import stack_parameter
+
+        return stack_parameter(origin)
     return None
 
 

@@ -26,11 +26,12 @@ puts every node in place (O((V + E) log V)), keeping the original order wherever
 
 from __future__ import annotations
 
-import heapq
+import contextlib
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import networkx as nx
 import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
@@ -247,32 +248,21 @@ def _ordering_edges(dag: Dag, stand_in: dict) -> dict[fx.Node, set[fx.Node]]:
 
 
 def _stable_sort(g: fx.Graph, prio: dict, extra: dict) -> None:
-    """Kahn's algorithm, always taking the ready node of smallest priority; relinks ``g`` in that order."""
+    """Topological sort that always takes the ready node of smallest priority (then current position);
+    relinks ``g`` in that order."""
     nodes = list(g.nodes)
-    indeg: dict[fx.Node, int] = {}
-    succs: dict[fx.Node, list[fx.Node]] = {n: [] for n in nodes}
+    deps = nx.DiGraph()
+    deps.add_nodes_from(nodes)
     for n in nodes:
-        deps = set(n.all_input_nodes)
-        deps.update(extra.get(n, ()))
-        deps.discard(n)
-        indeg[n] = len(deps)
-        for d in deps:
-            succs[d].append(n)
+        for d in set(n.all_input_nodes).union(extra.get(n, ())):
+            if d is not n:
+                deps.add_edge(d, n)
     order_key = {n: (prio[n], i) for i, n in enumerate(nodes)}
-    # keys are unique (the second element is the node's current index), so nodes themselves are never compared
-    heap = [(order_key[n], n) for n in nodes if indeg[n] == 0]
-    heapq.heapify(heap)
-    order: list[fx.Node] = []
-    while heap:
-        _, n = heapq.heappop(heap)
-        order.append(n)
-        for s in succs[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                heapq.heappush(heap, (order_key[s], s))
-    if len(order) != len(nodes):
-        left = [n.name for n in nodes if indeg[n] > 0][:8]
-        raise RuntimeError(f"bucketing rewrite produced a cyclic graph around {left}")
+    try:
+        order = list(nx.lexicographical_topological_sort(deps, key=order_key.__getitem__))
+    except nx.NetworkXUnfeasible:
+        cycle = [d.name for d, _ in nx.find_cycle(deps)][:8]
+        raise RuntimeError(f"bucketing rewrite produced a cyclic graph around {cycle}") from None
     prev = order[0]
     for n in order[1:]:
         if prev.next is not n:
@@ -357,15 +347,8 @@ class _Emitter:
         value is made directly instead of by running the op (a FakeTensor dispatch costs ~5x more)."""
         node = self.g.call_function(target, args)
         shape = [int(d) for d in shape]
-        stride, acc = [0] * len(shape), 1
-        for d in range(len(shape) - 1, -1, -1):
-            stride[d] = acc
-            acc *= max(shape[d], 1)
-        if self.mode is not None:
-            with self.mode:
-                val = torch.empty_strided(shape, stride, dtype=like_val.dtype, device=like_val.device)
-        else:
-            val = torch.empty_strided(shape, stride, dtype=like_val.dtype, device=like_val.device)
+        with self.mode if self.mode is not None else contextlib.nullcontext():
+            val = torch.empty(shape, dtype=like_val.dtype, device=like_val.device)  # contiguous strides
         self._finish(node, val, made, like, role, custom)
         return node
 

@@ -1,16 +1,16 @@
 """Cost model: milliseconds per DAG node.
 
 α–β collectives with NCCL-like algorithm choice on a cluster profile (``profiles``, ``collectives``),
-roofline compute (``roofline``, ``flops``), and measured calibration tables that override both
+roofline compute (``roofline``; FLOPs from ``dag.flops``), and measured calibration tables that override both
 (``calibration``, ``calibrate``).  ``CostModel`` puts them together.
 """
 
 from .calibration import Calibration, shapes_key
 from .collectives import CollectiveEstimate, GroupTopology, collective_ms, estimate_collective, group_topology
-from .flops import aten_flops
 from .model import CostModel
 from .profiles import ClusterProfile, available_profiles, load_profile, profile_from_mapping
 from .roofline import compute_ms
+from .trace_calibration import calibrate_from_trace
 
 __all__ = [
     "Calibration",
@@ -18,7 +18,7 @@ __all__ = [
     "CollectiveEstimate",
     "CostModel",
     "GroupTopology",
-    "aten_flops",
+    "calibrate_from_trace",
     "available_profiles",
     "collective_ms",
     "compute_ms",

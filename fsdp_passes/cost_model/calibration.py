@@ -10,6 +10,9 @@ File format (JSON, written by ``python -m fsdp_passes calibrate``)::
       ],
       "compute": [
         {"op": "aten.mm.default", "shapes": "float32[64,128];float32[128,32]", "ms": 0.012}, ...
+      ],
+      "kernels": [                                                  # from a profiled step (trace_calibration)
+        {"key": "fused_relu_sum", "ms": 0.004, "count": 3}, ...
       ]
     }
 
@@ -27,6 +30,8 @@ Lookup rules:
   model.
 * Compute entries are looked up by (op name, shapes string) exactly; an entry with shapes ``"*"`` matches
   any shapes of that op.
+* Kernel entries are measured times of compiled kernels, looked up by a DAG node's ``kernel_key`` exactly;
+  the median of every occurrence in the profiled step.
 """
 
 from __future__ import annotations
@@ -87,6 +92,7 @@ class Calibration:
         self._coll: dict[tuple[str, int], dict[int, list[float]]] = {}
         self._compute: dict[tuple[str, str], float] = {}
         self._sorted: dict[tuple[str, int], tuple[list[int], list[float]]] = {}
+        self._kernels: dict[str, tuple[float, int]] = {}
         for (op, n), points in (collectives or {}).items():
             for nbytes, ms in points:
                 self.add_collective(op, n, nbytes, ms)
@@ -118,6 +124,24 @@ class Calibration:
             raise ValueError(f"ms={ms!r} is not valid: expected a non-negative finite time in milliseconds")
         self._compute[(op, shapes)] = float(ms)
 
+    def add_kernel(self, key: str, ms: float, count: int = 1) -> None:
+        """Record the measured time of a compiled kernel (``count``: how many runs the time summarises)."""
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"kernel key={key!r} is not valid: expected a non-empty kernel name")
+        if not _positive(ms) and ms != 0:
+            raise ValueError(f"ms={ms!r} is not valid: expected a non-negative finite time in milliseconds")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ValueError(f"count={count!r} is not valid: expected an integer >= 1")
+        self._kernels[key] = (float(ms), count)
+
+    def kernel_ms(self, key: str | None) -> float | None:
+        """Measured time of the kernel with this key, else None."""
+        hit = self._kernels.get(key) if key else None
+        return hit[0] if hit is not None else None
+
+    def kernel_keys(self) -> list[str]:
+        return sorted(self._kernels)
+
     def update(self, other: "Calibration") -> None:
         """Merge another table into this one (its points are added, its compute entries win)."""
         for (op, n), pts in other._coll.items():
@@ -125,6 +149,7 @@ class Calibration:
                 for ms in values:
                     self.add_collective(op, n, nbytes, ms)
         self._compute.update(other._compute)
+        self._kernels.update(other._kernels)
         self.meta.update(other.meta)
 
     # -- queries --------------------------------------------------------------------------------------------
@@ -193,6 +218,8 @@ class Calibration:
                 for op, n in self.collective_keys()
             ],
             "compute": [{"op": op, "shapes": s, "ms": self._compute[(op, s)]} for op, s in self.compute_keys()],
+            "kernels": [{"key": k, "ms": self._kernels[k][0], "count": self._kernels[k][1]}
+                        for k in self.kernel_keys()],
         }
 
     def digest(self) -> str:
@@ -209,6 +236,11 @@ class Calibration:
 
         if not isinstance(data, Mapping):
             raise fail(f"expected a JSON object at the top level, got {type(data).__name__}")
+        known = list(cls().to_json())  # the keys this version writes are the keys it reads
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            raise fail(f"unknown key(s) {', '.join(map(repr, unknown))}: expected an object with keys "
+                       f"{', '.join(known)} (as 'python -m fsdp_passes calibrate' writes it)")
         if data.get("format", FORMAT) != FORMAT:
             raise fail(f"format={data.get('format')!r}, expected {FORMAT!r}")
         version = data.get("version", VERSION)
@@ -246,6 +278,17 @@ class Calibration:
                 cal.add_compute(entry["op"], entry["shapes"], entry["ms"])
             except ValueError as exc:
                 raise fail(f"{where}: {exc}") from None
+        kernels = data.get("kernels", [])
+        if not isinstance(kernels, list):
+            raise fail("'kernels' must be a list of {key, ms, count} objects")
+        for k, entry in enumerate(kernels):
+            where = f"kernels[{k}]"
+            if not isinstance(entry, Mapping) or not {"key", "ms"} <= set(entry):
+                raise fail(f"{where}: expected an object with 'key' and 'ms'")
+            try:
+                cal.add_kernel(entry["key"], entry["ms"], entry.get("count", 1))
+            except ValueError as exc:
+                raise fail(f"{where}: {exc}") from None
         return cal
 
     @classmethod
@@ -276,4 +319,5 @@ class Calibration:
         return isinstance(other, Calibration) and self.to_json() == other.to_json()
 
     def __repr__(self) -> str:
-        return f"Calibration({len(self._coll)} collective tables, {len(self._compute)} compute entries)"
+        return (f"Calibration({len(self._coll)} collective tables, {len(self._compute)} compute entries, "
+                f"{len(self._kernels)} kernels)")

@@ -12,6 +12,7 @@ import os
 from typing import Any, Mapping, Sequence, Union
 
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..simulate.timeline import OverlapCosts
 from . import collectives, roofline
 from .calibration import Calibration, shapes_key
 from .profiles import ClusterProfile, load_profile
@@ -62,6 +63,14 @@ class CostModel:
                 return measured
         return collectives.collective_ms(op, nbytes, group_size, self.profile, group_ranks)
 
+    def overlap_costs(self) -> OverlapCosts:
+        """The profile's overlap terms for ``simulate(..., overlap=...)``: host issue time per collective and
+        compute slowdown while a collective runs."""
+        return OverlapCosts(
+            issue_ms=self.profile.collective_issue_us / 1e3,
+            compute_slowdown=self.profile.compute_slowdown_during_comm,
+        )
+
     # -- compute ----------------------------------------------------------------------------------------
     def compute_ms(self, flops: float, bytes_moved: float, dtype: Any = None) -> float:
         """Roofline time of one kernel (launch overhead included)."""
@@ -69,7 +78,7 @@ class CostModel:
 
     def node_ms(self, node: DagNode) -> float:
         """Time of one DAG node: collectives priced, waits free, compute from calibration or roofline."""
-        if node.kind is NodeKind.WAIT:
+        if node.kind is NodeKind.WAIT or not node.launches_kernel:
             return 0.0
         if node.kind is NodeKind.COLLECTIVE:
             if node.collective is None:
@@ -77,6 +86,10 @@ class CostModel:
             if node.group_size is None:
                 raise ValueError(f"node {node.name!r}: group_size=None, expected the process group's size")
             return self.collective_ms(node.collective, node.comm_bytes, node.group_size, node.group_ranks)
+        if self.calibration is not None and node.kernel_key:
+            measured = self.calibration.kernel_ms(node.kernel_key)
+            if measured is not None:
+                return measured
         if self.calibration is not None and node.op:
             measured = self.calibration.compute_ms(node.op, _node_shapes(node))
             if measured is not None:

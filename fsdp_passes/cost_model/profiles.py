@@ -14,6 +14,12 @@ Conventions (see each shipped JSON's ``description`` for its sources):
   algorithm (ring, tree) has a base latency; every ring step / tree level adds a per-hop latency that
   depends on whether the hop stays inside a node or crosses the network.  LL128 and NVLS are not modelled.
 * Compute: dense peak TFLOP/s per dtype, memory bandwidth in GB/s and a fixed per-kernel overhead in µs.
+* ``collective_library`` says which algorithms run: ``"nccl"`` (ring / tree, LL / Simple, the fastest wins)
+  or ``"gloo"`` (ring only; gloo's tensor reduce-scatter runs a full ring all-reduce and keeps one chunk).
+* Overlap costs: ``collective_issue_us`` is the host time the compute stream spends issuing one collective
+  (the device cannot start what the host has not issued); ``compute_slowdown_during_comm`` is how much longer
+  compute takes while a collective runs on the same device (0.3: 30 % longer), from shared SMs and memory
+  bandwidth on a GPU, shared cores and memory on a CPU.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ class ClusterProfile:
     mem_bw_gbps: float
     kernel_launch_us: float
     description: str = ""
+    collective_library: str = "nccl"
+    collective_issue_us: float = 0.0
+    compute_slowdown_during_comm: float = 0.0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -75,13 +84,17 @@ class ClusterProfile:
 
 _INT_FIELDS = ("gpus_per_node", "nics_per_node")
 _FRACTION_FIELDS = ("ll_bandwidth_fraction", "tree_bandwidth_fraction")
-_STR_FIELDS = ("name", "description")
+_STR_FIELDS = ("name", "description", "collective_library")
+_NON_NEGATIVE_FIELDS = ("collective_issue_us", "compute_slowdown_during_comm")
+COLLECTIVE_LIBRARIES = ("nccl", "gloo")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ClusterProfile))
 _REQUIRED = tuple(
     f.name for f in dataclasses.fields(ClusterProfile) if f.default is dataclasses.MISSING and f.name != "name"
 )
 # everything else must be a positive finite number
-_POSITIVE_FIELDS = tuple(n for n in _FIELD_NAMES if n not in _INT_FIELDS + _FRACTION_FIELDS + _STR_FIELDS)
+_POSITIVE_FIELDS = tuple(
+    n for n in _FIELD_NAMES if n not in _INT_FIELDS + _FRACTION_FIELDS + _STR_FIELDS + _NON_NEGATIVE_FIELDS
+)
 
 
 def _validate(p: ClusterProfile) -> None:
@@ -103,6 +116,12 @@ def _validate(p: ClusterProfile) -> None:
         v = getattr(p, f)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise bad(f, "a positive finite number")
+    for f in _NON_NEGATIVE_FIELDS:
+        v = getattr(p, f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise bad(f, "a non-negative finite number")
+    if p.collective_library not in COLLECTIVE_LIBRARIES:
+        raise bad("collective_library", f"one of {', '.join(map(repr, COLLECTIVE_LIBRARIES))}")
     v = p.ll_bandwidth_fraction
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
         raise bad("ll_bandwidth_fraction", "a number in [0, 1] (0 disables the LL protocol)")

@@ -75,28 +75,86 @@ def _mutated_args(node: fx.Node) -> list[fx.Node]:
 
 
 _MODULE_PATH_RE = re.compile(r"\[(?:'([^']*)'|(\d+))\]")
+# the variable a Dynamo source starts from: L['self'] / L.self (a compiled module), G['model'] (a global)
+_ROOT_RE = re.compile(r"^(?:L|G)\.[A-Za-z_][A-Za-z0-9_]*(?:\.|$)")
+# Dynamo's source of a module reached through a property's closure (a parametrization frontend):
+# dict(type(<module>).__dict__)['weight'].fget.__closure__[0].cell_contents
+_CLOSURE_RE = re.compile(r"^dict\(type\((?P<module>.*)\)\.__dict__\)\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)\.fget\b")
 
 
 def normalize_module_path(path: str) -> str:
-    """'L['self'].layers[0].attn' or 'L__self___layers_0' styles -> 'layers.0.attn'."""
+    """A module or parameter path as Dynamo writes it -> its FQN in the compiled module's naming.
+
+    ``L['self'].layers[0].attn`` / ``L['self']._modules['layers']._modules['0']._parameters['weight']`` /
+    ``L__self___layers_0`` / ``G['model'].norm`` -> ``layers.0.attn`` / ``layers.0.weight`` / ``layers.0`` /
+    ``norm``: the root variable (the compiled module, or the global or argument holding the model) is dropped.
+    """
     text = _MODULE_PATH_RE.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path)
-    for prefix in ("L.self.", "L.self", "self.", "L__self__."):
+    text = _ROOT_RE.sub("", text, count=1)
+    for prefix in ("self.", "L__self__."):
         if text.startswith(prefix):
             text = text[len(prefix) :]
     text = text.lstrip(".")
     if text.startswith("L__self___"):
         text = text[len("L__self___") :].replace("_", ".")
-    return text.replace("._modules.", ".").replace("._orig_mod.", ".").removeprefix("_orig_mod.")
+    for container in ("_modules", "_parameters", "_buffers", "_orig_mod"):
+        text = text.replace(f".{container}.", ".")
+        if text.startswith(container + "."):
+            text = text[len(container) + 1 :]
+    return text
+
+
+def closure_attribute(path: str) -> str | None:
+    """The attribute whose property getter a closure source goes through (``'weight'`` for
+    ``dict(type(...).__dict__)['weight'].fget.__closure__[0].cell_contents``), else None."""
+    text = _MODULE_PATH_RE.sub(lambda m: "." + (m.group(1) if m.group(1) is not None else m.group(2)), path)
+    m = _CLOSURE_RE.match(text)
+    return m.group("attr") if m else None
+
+
+#: ``node.meta["custom"]`` key torchtitan's ``annotate_module_fqns`` writes the running module's FQN under
+ANNOTATED_MODULE_KEY = "module_fqn"
 
 
 def module_fqn(node: fx.Node) -> str | None:
-    """The innermost module that produced ``node`` (forward or, via autograd meta, backward)."""
+    """The innermost module that produced ``node`` (forward or, via autograd meta, backward).
+
+    An annotated module FQN (``meta["custom"]["module_fqn"]``) wins.  Otherwise the innermost entry of
+    ``nn_module_stack`` (``fwd_nn_module_stack`` in backward) that names a module by attribute path: entries
+    reached through a property's closure (a parametrization object, which the frontend may even share between
+    modules of one class) are skipped, so the module whose forward read the parameter is the answer.
+    """
+    custom = node.meta.get("custom")
+    if isinstance(custom, dict) and isinstance(custom.get(ANNOTATED_MODULE_KEY), str):
+        return custom[ANNOTATED_MODULE_KEY]
     for key in ("nn_module_stack", "fwd_nn_module_stack"):
         stack = node.meta.get(key)
         if stack:
-            last = list(stack.values())[-1]
-            path = last[0] if isinstance(last, tuple) else str(last)
-            return normalize_module_path(path)
+            for entry in reversed(list(stack.values())):
+                path = entry[0] if isinstance(entry, tuple) else str(entry)
+                if "(" in path:  # a closure / __dict__ source, not an attribute path
+                    continue
+                return normalize_module_path(path)
+    return None
+
+
+def stack_parameter(node: fx.Node) -> str | None:
+    """The parameter a node reads through a property getter (a parametrization frontend), from its module
+    stack alone: the module whose forward read it plus the property's name (``norm`` + ``weight``)."""
+    for key in ("nn_module_stack", "fwd_nn_module_stack"):
+        stack = node.meta.get(key)
+        if not stack:
+            continue
+        entries = [e[0] if isinstance(e, tuple) else str(e) for e in stack.values()]
+        for k in range(len(entries) - 1, 0, -1):
+            attr = closure_attribute(entries[k])
+            if attr is None:
+                continue
+            owner = next((p for p in reversed(entries[:k]) if "(" not in p), None)
+            if owner is not None:
+                module = normalize_module_path(owner)
+                return f"{module}.{attr}" if module else attr
+        return None
     return None
 
 
@@ -181,7 +239,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             node.alias_of = index.get(base)
             node.out_bytes = 0
         else:
-            from ..cost_model.flops import aten_flops, has_flop_formula
+            from .flops import aten_flops, has_flop_formula
 
             if has_flop_formula(fx_node.target):  # most nodes have none: skip building their arguments
                 try:
@@ -218,7 +276,8 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         if root.get(fx_node, fx_node) in output_roots and nodes[i].alias_of is None:
             nodes[i].is_output = True
     dag = Dag(nodes, edges, resident)
-    mark_fsdp(dag, [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes])
+    mark_fsdp(dag, [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes],
+              sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes])
     for node in nodes:
         if not node.fsdp:
             node.param_fqn = None

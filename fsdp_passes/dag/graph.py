@@ -56,6 +56,12 @@ class DagNode:
     fsdp: bool = False  # an all-gather of a parameter shard / reduce-scatter of a gradient
     module_fqn: str | None = None
     param_fqn: str | None = None
+    # what a measured kernel time is matched by (``Calibration.kernel_ms``): the name stem of a generated
+    # kernel ("fused_relu_sum", as Inductor names it) or "<aten op> <shapes>" for an extern kernel ("aten.mm float32[2,64];float32[64,128];float32[2,128]")
+    kernel_key: str | None = None
+    # False for a node that runs no kernel although it owns a buffer: Inductor's NopKernel for a concatenation
+    # whose inputs were written into it in place, the MultiOutput unpacking of a fallback kernel's results
+    launches_kernel: bool = True
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
 

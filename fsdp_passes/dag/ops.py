@@ -18,6 +18,7 @@ PASS_THROUGH_OPS = frozenset({
     "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
     "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten", "copy",
     "cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
+    "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
 })
 
 # Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
@@ -128,7 +129,7 @@ def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], 
     node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
 
 
-def mark_fsdp(dag: Dag, pass_through: Sequence[bool]) -> None:
+def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | None = None) -> None:
     """Set ``fsdp`` on the collectives of ``dag``: the one rule both views (FX, scheduler nodes) use.
 
     ``pass_through[i]``: node ``i`` is compute made only of ``PASS_THROUGH_OPS`` (the builder knows how its
@@ -137,7 +138,8 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool]) -> None:
     - all-gather: its input comes from graph inputs through pass-through nodes only (a parameter shard,
       perhaps cast); an all-gather of another collective's result or of computed values is not FSDP;
     - reduce-scatter: its result reaches a graph output through waits and pass-through nodes, or (HSDP)
-      through an all-reduce of it (a gradient);
+      through an all-reduce of it (a gradient), or (a tied parameter used twice) through a sum of reduced
+      gradient contributions only (``sums[i]``: node ``i`` is an addition; None: no node is);
     - all-reduce: (HSDP) fed by a reduce-scatter through waits and pass-through nodes, and its result reaches
       a graph output the same way.
     """
@@ -186,13 +188,33 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool]) -> None:
                 stack.extend(dag.preds[v])
         return False
 
+    def reduced(v: int) -> bool:
+        return nodes[v].collective is CollectiveOp.REDUCE_SCATTER or (through(v) and fed_by_reduce_scatter(v))
+
+    def reaches_output_via_sum(c: int) -> bool:
+        # a tied parameter's gradient: the sum of its reduced contributions (not a reduction plus an
+        # activation, as a sequence-parallel output plus its residual) reaches the output
+        if sums is None:
+            return False
+        stack, seen = [c], {c}
+        while stack:
+            v = stack.pop()
+            for w in dag.succs[v]:
+                if sums[w] and len(dag.preds[w]) >= 2 and all(reduced(p) for p in dag.preds[w]):
+                    if reaches_output(w, via_all_reduce=False):
+                        return True
+                if w not in seen and (through(w) or nodes[w].collective is CollectiveOp.ALL_REDUCE):
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
     for i, node in enumerate(nodes):
         if node.kind is not NodeKind.COLLECTIVE:
             continue
         if node.collective is CollectiveOp.ALL_GATHER:
             node.fsdp = from_inputs(i)
         elif node.collective is CollectiveOp.REDUCE_SCATTER:
-            node.fsdp = reaches_output(i, via_all_reduce=True)
+            node.fsdp = reaches_output(i, via_all_reduce=True) or reaches_output_via_sum(i)
         elif node.collective is CollectiveOp.ALL_REDUCE:
             node.fsdp = fed_by_reduce_scatter(i) and reaches_output(i, via_all_reduce=False)
         else:

@@ -1,5 +1,5 @@
-"""Inspecting schedules: per-graph dump folders, the lossless ``dag.json`` form, text tables, what-if
-re-estimation and the demo behind ``python -m fsdp_passes``.  See docs/user-guide.md, "Reading the dumps"."""
+"""Inspecting schedules: per-graph dump folders, the lossless ``dag.json`` form, text tables and what-if
+re-estimation.  See docs/user-guide.md, "Reading the dumps"."""
 
 from .dag_json import DagDump, DagJsonError, dag_from_json, dag_to_json, load_dag_dump, read_dag_json
 from .dump import (
@@ -7,11 +7,9 @@ from .dump import (
     SUMMARY_KEYS,
     build_summary,
     emit_artifacts,
-    fx_report_for,
     graph_dir,
     log_move_reasons,
     move_reasons,
-    remember_fx_report,
     write_bucketing_dump,
     write_scheduler_dump,
 )
@@ -29,7 +27,6 @@ __all__ = [
     "dag_from_json",
     "dag_to_json",
     "emit_artifacts",
-    "fx_report_for",
     "graph_dir",
     "load_dag_dump",
     "load_dumps",
@@ -38,7 +35,6 @@ __all__ = [
     "pair_dumps",
     "parse_schedule_table",
     "read_dag_json",
-    "remember_fx_report",
     "schedule_rows",
     "schedule_table",
     "summary_table",

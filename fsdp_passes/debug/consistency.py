@@ -9,21 +9,23 @@ the first real step, and names the first graph and collective where ranks disagr
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..report import GraphReport, last_reports
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+from ..pipeline.report import GraphReport
 
 __all__ = ["verify_rank_consistency", "rank_entries", "first_difference"]
 
 
-def rank_entries(reports: Optional[list[GraphReport]] = None) -> list[tuple[str, str, list[str]]]:
+def rank_entries(reports: list[GraphReport]) -> list[tuple[str, str, list[str]]]:
     """This rank's ``(graph, collective_fingerprint, collective_sequence)`` per compiled graph, oldest first.
 
     A graph's scheduler report (the final order) wins over its FX report (bucketing only: used when the
     scheduler pass did not run on that graph).  Reports of a pass that fell back before simulating carry no
     fingerprint and are skipped.
     """
-    reports = last_reports() if reports is None else reports
     chosen: dict[str, GraphReport] = {}
     order: list[str] = []
     for r in reports:
@@ -71,19 +73,19 @@ def first_difference(a: list[tuple[str, str, list[str]]], b: list[tuple[str, str
     return None
 
 
-def verify_rank_consistency(group: Any = None) -> None:
+def verify_rank_consistency(reports: list[GraphReport], group: dist.ProcessGroup | None = None) -> None:
     """Raise ``RuntimeError`` if the ranks of ``group`` (default: the world) compiled different collective
     sequences, naming the first differing graph and collective; return ``None`` when all agree.
 
     Call it on every rank after the first compiled step's compile (it is itself a collective:
     ``all_gather_object`` over ``group``), e.g. after a warm-up step and before training.  It compares the
-    reports of ``fsdp_passes.last_reports()`` of each rank with rank 0's (the first rank of ``group``).
+    ``reports`` (``fsdp_passes.last_reports()``) of each rank with rank 0's (the first rank of ``group``).
     """
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("verify_rank_consistency: torch.distributed is not initialised")
-    mine = rank_entries()
+    mine = rank_entries(reports)
     world = dist.get_world_size(group)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, mine, group=group)

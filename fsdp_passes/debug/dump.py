@@ -12,15 +12,19 @@ report's name (``000_fwd_frame0.0``: compile order first, so folders sort in com
 ``dag.dot``               the DAG for Graphviz
 ``trace.json``            Chrome / Perfetto trace, processes "before" and "after"
 ``summary.json``          the numbers of the graph (``GraphReport.to_json`` and more)
-``timeline.png``          both timelines, if matplotlib is installed
+``timeline.png``          both timelines, if matplotlib is installed (else ``summary.json``'s
+                          ``skipped_files`` says why, and one INFO line is logged)
 ========================  ===================================================================================
+
+A pass that falls back writes the same files for the graph as it was left (``schedule_after.txt`` equals
+``schedule_before.txt``), with ``summary.json``'s ``fallback`` giving the reason; ``report`` marks it.
+``dag.json``'s ``meta`` records the cluster profile and the world size the dump was priced with.
 
 Writing a dump never breaks a compile: a failure is a warning.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
@@ -29,9 +33,10 @@ import weakref
 from typing import Any, Sequence
 
 from ..dag.graph import Dag
-from ..report import GraphReport, last_reports
-from ..simulate import chrome_trace, simulate
+from ..pipeline.report import GraphReport
+from ..simulate import Timeline, chrome_trace, simulate
 from .dag_json import dag_to_json
+from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
 
 log = logging.getLogger("fsdp_passes")
@@ -54,29 +59,7 @@ SUMMARY_KEYS = (
 DUMP_FILES = ("schedule_before.txt", "schedule_after.txt", "buckets.json", "dag.json", "dag.dot", "trace.json",
               "summary.json")
 
-# graph name -> the FX (bucketing) pass report of that graph, for the scheduler dump of the same graph
-_FX_REPORTS: "collections.OrderedDict[str, GraphReport]" = collections.OrderedDict()
-_MAX_FX_REPORTS = 256
 _REASONS_LOGGED: "weakref.WeakValueDictionary[int, GraphReport]" = weakref.WeakValueDictionary()
-
-
-def remember_fx_report(report: GraphReport) -> None:
-    """Keep the bucketing report of a graph until its scheduler pass runs (at most 256 graphs)."""
-    _FX_REPORTS[report.graph] = report
-    _FX_REPORTS.move_to_end(report.graph)
-    while len(_FX_REPORTS) > _MAX_FX_REPORTS:
-        _FX_REPORTS.popitem(last=False)
-
-
-def fx_report_for(graph: str) -> GraphReport | None:
-    """The FX pass report of ``graph``: remembered by ``write_bucketing_dump`` or recorded in ``last_reports``."""
-    report = _FX_REPORTS.get(graph)
-    if report is not None:
-        return report
-    for r in reversed(last_reports()):
-        if r.pass_name == "fx" and r.graph == graph:
-            return r
-    return None
 
 
 def graph_dir(debug_dir: str | os.PathLike[str], graph: str) -> str:
@@ -84,6 +67,20 @@ def graph_dir(debug_dir: str | os.PathLike[str], graph: str) -> str:
     rank = _rank()
     base = os.fspath(debug_dir) if rank == 0 else os.path.join(os.fspath(debug_dir), f"rank{rank}")
     return os.path.join(base, _safe_name(graph))
+
+
+def _world_size(dag: Dag) -> int | None:
+    """The job's world size (or, without distributed, the largest process group of the graph)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_world_size()
+    except Exception:  # no distributed: from the graph
+        pass
+    from .whatif import world_size_of
+
+    return world_size_of(dag)
 
 
 def _rank() -> int:
@@ -126,12 +123,11 @@ def _buckets_of(report: GraphReport | None) -> list[Any]:
 
 
 def write_bucketing_dump(debug_dir: str | os.PathLike[str] | None, report: GraphReport) -> str | None:
-    """Remember the FX pass ``report`` of its graph and, with a ``debug_dir``, write its ``buckets.json``.
+    """With a ``debug_dir``, write the ``buckets.json`` of the FX pass ``report`` of a graph.
 
     ``buckets.json`` is the list ``report.extra["buckets"]`` (one dict per bucket: members, op, group, dtype,
     bytes, estimated_ms, close_reason), ``[]`` when the pass built none.  Returns the file written, if any.
     """
-    remember_fx_report(report)
     if not debug_dir:
         return None
     try:
@@ -148,8 +144,9 @@ def write_bucketing_dump(debug_dir: str | os.PathLike[str] | None, report: Graph
 # -- scheduler pass -------------------------------------------------------------------------------------------
 
 
-def build_summary(report: GraphReport, timelines: tuple[Any, Any] | None = None, dag: Dag | None = None) -> dict:
-    """summary.json: ``report.to_json()`` with the FX pass of the same graph folded in.
+def build_summary(report: GraphReport, timelines: tuple[Timeline, Timeline] | None = None, dag: Dag | None = None,
+                  fx_report: GraphReport | None = None) -> dict:
+    """summary.json: ``report.to_json()`` with ``fx_report``, the FX pass of the same graph, folded in.
 
     ``n_collectives_before`` counts collectives before bucketing when the FX pass bucketed this graph
     (``n_collectives_before_scheduler`` keeps the count the scheduler pass received); ``pass_time_s`` is
@@ -158,7 +155,7 @@ def build_summary(report: GraphReport, timelines: tuple[Any, Any] | None = None,
     summary = report.to_json()
     summary["n_collectives_before_scheduler"] = report.n_collectives_before
     summary["scheduler_pass_time_s"] = report.pass_time_s
-    fx = fx_report_for(report.graph)
+    fx = fx_report
     if fx is not None:
         fx_json = fx.to_json()
         fx_json.pop("extra", None)
@@ -237,11 +234,12 @@ def write_scheduler_dump(
     durations: Sequence[float],
     before_order: Sequence[int],
     after_order: Sequence[int],
-    timelines: tuple[Any, Any] | None = None,
+    timelines: tuple[Timeline, Timeline] | None = None,
+    fx_report: GraphReport | None = None,
 ) -> str | None:
     """Write the dump folder of one graph (see the module docstring), emit the structured-trace artifacts
     and DEBUG-log the move reasons.  ``timelines`` are (before, after) ``simulate`` results of the two
-    orders (simulated here when None).  Returns the folder, or None without ``debug_dir`` or on failure
+    orders (simulated here when None); ``fx_report`` is the FX pass report of the same graph.  Returns the folder, or None without ``debug_dir`` or on failure
     (which is a warning, never an exception).
     """
     try:
@@ -249,12 +247,14 @@ def write_scheduler_dump(
         if timelines is None:
             timelines = (simulate(dag, before_order, durations), simulate(dag, after_order, durations))
         tb, ta = timelines
-        summary = build_summary(report, timelines, dag)
+        summary = build_summary(report, timelines, dag, fx_report)
         before_txt = schedule_table(dag, before_order, durations, tb,
                                     title=f"graph {report.graph}: schedule before the pass")
         after_txt = schedule_table(dag, after_order, durations, ta, was=before_order,
                                    title=f"graph {report.graph}: schedule after the pass "
                                          "(was: position before the pass)")
+        if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
+            summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
         emit_artifacts(summary, before_txt, after_txt)
         if not debug_dir:
             return None
@@ -263,8 +263,9 @@ def write_scheduler_dump(
         files = list(DUMP_FILES)
         _write_text(os.path.join(folder, "schedule_before.txt"), before_txt)
         _write_text(os.path.join(folder, "schedule_after.txt"), after_txt)
-        _write_json(os.path.join(folder, "buckets.json"), _buckets_of(fx_report_for(report.graph)))
-        meta = {"cluster": report.options.get("cluster"), "options": report.options}
+        _write_json(os.path.join(folder, "buckets.json"), _buckets_of(fx_report))
+        # what the dump was priced with: ``simulate`` re-uses both unless told otherwise
+        meta = {"cluster": report.options.get("cluster"), "world_size": _world_size(dag), "options": report.options}
         _write_text(
             os.path.join(folder, "dag.json"),
             json.dumps(dag_to_json(dag, before_order, after_order, durations, graph=report.graph, meta=meta),

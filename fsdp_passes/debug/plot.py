@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 from typing import Any, Mapping
 
 from ..dag.graph import Dag, NodeKind
 from ..simulate.timeline import group_key
 
+log = logging.getLogger("fsdp_passes")
+
 _COLOURS = {"compute": "#4c78a8", "wait": "#e45756", "collective": "#f58518"}
+
+
+def can_plot() -> bool:
+    """Whether matplotlib (which ``write_timeline_png`` needs) can be imported."""
+    try:
+        from matplotlib.figure import Figure  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def matplotlib_missing_note() -> str:
+    """Why timeline.png is not written; logged at INFO the first time it is asked for in a process."""
+    note = "timeline.png skipped: matplotlib is not installed (pip install 'fsdp_passes[plot]')"
+    log.info("fsdp_passes: %s", note)
+    return note
 
 
 def write_timeline_png(path: str | os.PathLike[str], dag: Dag, runs: Mapping[str, Any], title: str = "") -> bool:

@@ -170,7 +170,10 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         notes.append(f"{float(summary['pass_time_s']) * 1e3:.1f} ms in passes")
     lines = [head + (f"  ({', '.join(notes)})" if notes else "")]
     if summary.get("fallback"):
-        lines.append(f"  FELL BACK: {summary['fallback']}")
+        lines.append(f"  FELL BACK (schedule unchanged): {summary['fallback']}")
+    fx = summary.get("fx")
+    if isinstance(fx, Mapping) and fx.get("fallback"):
+        lines.append(f"  bucketing FELL BACK (graph unchanged): {fx['fallback']}")
     note = (summary.get("extra") or {}).get("note")
     if note:
         lines.append(f"  note: {note}")

@@ -11,9 +11,15 @@ import time
 
 import torch.fx as fx
 
+from ..dag.from_fx import dag_from_fx
+from ..debug.dump import write_bucketing_dump
 from ..options import Options
-from ..report import GraphReport, record
-from .hooks import FsdpPassError, injected, run_guarded
+from ..pipeline import bucket_graph
+from ..pipeline.report import GraphReport, fill_schedule_numbers
+from .failure_injection import injected
+from .guard import run_guarded
+from .scheduler_pass import unchanged_cost_model
+from .shard_shapes import warn_if_uneven_shards
 
 log = logging.getLogger("fsdp_passes")
 
@@ -29,13 +35,16 @@ def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
     for node in reversed(list(graph.nodes)):
         graph.erase_node(node)
     # a failed rewrite may have left the insertion point on an erased node: append at the end again
-    graph._insert = graph._root.prepend
-    out = graph.graph_copy(snapshot, {})
-    graph.output(out)
+    # (``inserting_after(None)`` inserts at the end of the graph)
+    with graph.inserting_after(None):
+        out = graph.graph_copy(snapshot, {})
+        graph.output(out)
 
 
-def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport | None:
-    """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict)."""
+def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport:
+    """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict).
+    Returns the pass's report (with ``fallback`` set when the graph was left unchanged)."""
+    warn_if_uneven_shards(graph)
     snapshot = _snapshot(graph)
     start = time.perf_counter()
 
@@ -45,33 +54,38 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
             first = next(n for n in graph.nodes if n.op != "placeholder")
             graph.inserting_before(first)
             raise RuntimeError("injected failure in the fx pass")
-        from ..bucketing import bucket_graph
-
         result = bucket_graph(graph, options, graph_name=graph_name)
         graph.lint()
         report = result.report
         report.pass_time_s = time.perf_counter() - start
+        log.info("fsdp_passes %s", report.one_line())
         return report
 
-    def fallback(reason: str = "pass failed; graph left unchanged") -> None:
+    def fallback(reason: str) -> GraphReport:
         _restore(graph, snapshot)
         report = GraphReport(graph=graph_name, pass_name="fx", fallback=reason, options=options.to_json())
-        _publish(report, options)
-        return None
+        _unchanged_numbers(report, graph, options)
+        return report
 
-    report = run_guarded("fx", options, attempt, fallback, lambda reason: fallback(f"left untouched: {reason}"))
-    if report is not None:
-        _publish(report, options)
-        log.info("fsdp_passes %s", report.one_line())
+    report = run_guarded("fx", options, attempt, lambda reason: fallback(f"pass failed, graph left unchanged: {reason}"),
+                         lambda reason: fallback(f"left untouched: {reason}"))
+    write_bucketing_dump(options.debug_dir, report)
     return report
 
 
-def _publish(report: GraphReport, options: Options) -> None:
-    from ..debug import remember_fx_report, write_bucketing_dump
+def _unchanged_numbers(report: GraphReport, graph: fx.Graph, options: Options) -> None:
+    """Fill a fallback ``report`` with the numbers of the graph as it was left (before == after): its
+    collective count and, when the cost model can be built, its simulated time and memory.  Never raises."""
+    try:
+        dag = dag_from_fx(graph)
+        report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+        cost_model = unchanged_cost_model(options, report)
+        if cost_model is not None:
+            identity = list(range(len(dag)))
+            durations = cost_model.estimate(dag)
+            fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
 
-    record(report)
-    remember_fx_report(report)
-    write_bucketing_dump(options.debug_dir, report)
 
-
-__all__ = ["run_fx_pass", "FsdpPassError"]
+__all__ = ["run_fx_pass"]

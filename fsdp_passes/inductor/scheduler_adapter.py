@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..dag.from_fx import UnplannableGraph
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
@@ -46,6 +47,26 @@ def _layout_bytes(ir_node: Any) -> int:
     return numel * dtype.itemsize
 
 
+def _allocated_bytes(ir_node: Any) -> int:
+    """Bytes a buffer allocates: 0 for one laid out inside another buffer (a concatenation's input written
+    into its slice of the result: ``NonOwningLayout``)."""
+    from torch._inductor import ir
+
+    if isinstance(getattr(ir_node, "layout", None), ir.NonOwningLayout):
+        return 0
+    return _layout_bytes(ir_node)
+
+
+def _launches_kernel(snode: Any) -> bool:
+    """False for scheduler nodes that generate no kernel: a ``NopKernelSchedulerNode`` (a concatenation
+    whose inputs were written into its buffer) and the ``MultiOutput`` unpacking of a fallback kernel's
+    results."""
+    from torch._inductor import ir
+    from torch._inductor.scheduler import NopKernelSchedulerNode
+
+    return not (isinstance(snode, NopKernelSchedulerNode) or isinstance(getattr(snode, "node", None), ir.MultiOutput))
+
+
 def _dtype_name(ir_node: Any) -> str | None:
     dtype = getattr(getattr(ir_node, "layout", None), "dtype", None)
     return str(dtype).replace("torch.", "") if isinstance(dtype, torch.dtype) else None
@@ -73,10 +94,53 @@ def _op_name(snode: Any) -> str:
     return type(snode).__name__
 
 
+def _kernel_key(snode: Any) -> str | None:
+    """What a measured kernel time of this node is looked up by (``DagNode.kernel_key``).
+
+    A generated kernel: the name stem Inductor gives it at code generation ("fused_relu_sum" of
+    "cpp_fused_relu_sum_3" / "triton_poi_fused_relu_sum_3"), from the same naming function.  An extern
+    kernel: "<aten op> <shapes>" (``aten.mm float32[2,64];...``) with its inputs' (and out-variant output's) shapes, as ``calibrate_from_trace`` keys the aten op events
+    of a profiled step.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor.utils import get_fused_kernel_name
+
+    node = getattr(snode, "node", None)
+    overload = getattr(node, "op_overload", None)
+    if isinstance(overload, torch._ops.OpOverload):
+        from torch._inductor import ir
+
+        # an out-variant extern (extern_kernels.mm(a, b, out=buf)) shows its output among its inputs
+        tensors = list(getattr(node, "inputs", ()) or ()) + ([node] if isinstance(node, ir.ExternKernelOut) else [])
+        shapes = []
+        for inp in tensors:
+            layout = getattr(inp, "layout", None)
+            size, dtype = getattr(layout, "size", None), getattr(layout, "dtype", None)
+            if size is None or not isinstance(dtype, torch.dtype):
+                continue
+            try:
+                dims = ",".join(str(_size_hint(d)) for d in size)
+            except Exception:  # an unhinted size: no key, the roofline prices the node
+                return None
+            shapes.append(f"{str(dtype).replace('torch.', '')}[{dims}]")
+        # the profiler names the op packet (aten::mm), not the overload (mm.out)
+        return f"{overload.namespace}.{overload._opname} {';'.join(shapes)}"
+    try:
+        if snode.is_extern():
+            return None  # an extern kernel without an aten overload: nothing to match it by
+        device = snode.get_device()
+        descriptive = (inductor_config.cpp.descriptive_names if getattr(device, "type", "cpu") == "cpu"
+                       else inductor_config.triton.descriptive_names)
+        name = get_fused_kernel_name(snode.get_nodes(), descriptive)
+    except Exception:  # origins without metadata: no name to match
+        return None
+    return name if name != "fused" else None
+
+
 def _flops(snode: Any) -> float:
     """FLOPs of the node's origin op from the flop formulas on its (size-hinted) shapes, as the FX DAG counts
     them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a fallback."""
-    from ..cost_model.flops import aten_flops, has_flop_formula
+    from ..dag.flops import aten_flops, has_flop_formula
     from ..dag.from_fx import fx_values, size_hinted
 
     origin = None
@@ -98,7 +162,7 @@ def _flops(snode: Any) -> float:
         return 0.0
 
 
-def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | None = None) -> Dag:
+def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs: set[str] | None = None) -> Dag:
     """One DagNode per scheduler node (fused nodes stay one node), in the given order."""
     from torch._inductor.utils import is_collective, is_wait
 
@@ -118,9 +182,10 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
         else:
             kind, op = NodeKind.COMPUTE, None
         buffers = list(snode.get_outputs())
-        out_bytes = sum(_layout_bytes(b.node) for b in buffers)
+        out_bytes = sum(_allocated_bytes(b.node) for b in buffers)
         node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
-                       dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode)
+                       dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode,
+                       launches_kernel=_launches_kernel(snode))
         deps = set()
         for dep in snode.read_writes.reads:
             if getattr(dep, "is_fake", False):
@@ -155,6 +220,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[Any], graph_outputs: set[str] | No
                 node.group_name = nodes[target].group_name
         else:
             node.flops = _flops(snode)
+            node.kernel_key = _kernel_key(snode)
             try:
                 total = int(snode.get_read_write_buffers_sizes())
             except Exception:

@@ -1,70 +1,45 @@
-"""Reordering Inductor's scheduler nodes: adapter -> DAG -> cost model -> policy -> validated order."""
+"""Reordering Inductor's scheduler nodes: adapter -> DAG -> cost model -> ``pipeline`` (policy within the
+memory budget) -> validated order -> report."""
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any, Sequence
 
+from torch._inductor.scheduler import BaseSchedulerNode
+
+from ..cost_model import CostModel
+from ..debug.dump import write_scheduler_dump
 from ..options import Options
-from ..report import GraphReport, fill_schedule_numbers, find_report, record
-from .hooks import injected
+from ..pipeline.reorder_graph import finish_graph_report, plan_graph_order
+from ..pipeline.report import GraphReport, fill_schedule_numbers
+from .failure_injection import injected
 from .scheduler_adapter import dag_from_scheduler_nodes
-
-log = logging.getLogger("fsdp_passes")
-
 
 class InvalidOrder(ValueError):
     """A proposed order is not a valid schedule (lost node, broken dependency, changed collective order)."""
 
 
 def reorder_scheduler_nodes(
-    nodes: Sequence[Any], options: Options, graph_name: str = "graph", cost_model: Any = None
-) -> tuple[list[Any], GraphReport]:
+    nodes: Sequence[BaseSchedulerNode], options: Options, graph_name: str = "graph",
+    cost_model: CostModel | None = None, fx_report: GraphReport | None = None,
+) -> tuple[list[BaseSchedulerNode], GraphReport]:
     """Plan an overlap-friendly order of ``nodes`` (Inductor scheduler nodes) and return it with its report.
 
     Runs directly on a captured node list (``fsdp_passes.testing.capture_scheduler_nodes``), so a unit test
     can try several option sets on one capture.  The returned order has been validated: same nodes, every
     dependency respected, every process group's collectives in their original order.  Raises
     ``InvalidOrder`` if the policy proposed anything else (the installed pass then keeps the input order).
+    ``fx_report``: what the FX pass did to the same graph; what it added to the peak is taken off the
+    memory budget, and the dump folds it in.
     """
-    from ..cost_model import CostModel
-    from ..reordering import plan_order
-
     start = time.perf_counter()
     nodes = list(nodes)
     dag = dag_from_scheduler_nodes(nodes)
     cost_model = cost_model or CostModel.from_options(options.cluster, options.calibration)
     durations = cost_model.estimate(dag)
-    identity = list(range(len(nodes)))
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
-    # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
-    # bound from payloads) out of it; reordering gets the rest over the order Inductor built
-    fx_report = find_report(graph_name, "fx")
-    if fx_report is not None and fx_report.fallback is None and "memory_budget_bytes" in fx_report.extra:
-        total = int(fx_report.extra["memory_budget_bytes"])
-        used = int(fx_report.extra["memory_budget_used_bytes"])
-    else:
-        from ..bucketing.plan import fsdp_payload_bytes
-
-        total, used = options.memory_budget_bytes(fsdp_payload_bytes(dag)), 0
-    budget = max(0, total - used)
-    report.extra["memory_budget_total_bytes"] = total
-    report.extra["memory_budget_used_by_fx_pass"] = used
-    report.extra["memory_budget_bytes"] = budget
-    if options.reorder:
-        if budget == 0 and used > 0:
-            report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
-                                    "raise memory_budget to let the reordering prefetch")
-            log.info("fsdp_passes %s: %s", graph_name, report.extra["note"])
-        result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
-        order = list(result.order)
-        report.collectives_moved = result.moved
-        report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
-        if result.fallback:
-            report.extra["reorder_fallback"] = result.fallback
-    else:
-        order = identity
+    order = plan_graph_order(dag, durations, options, report, fx_report)
     if injected("scheduler") == "bad_order":
         order = list(reversed(order))
     problems = dag.order_violations(order)
@@ -72,15 +47,48 @@ def reorder_scheduler_nodes(
         raise InvalidOrder(f"graph {graph_name}: proposed order rejected: " + "; ".join(problems[:3]))
     if injected("scheduler") == "exception":
         raise RuntimeError("injected failure in the scheduler pass")
-    timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
-    # peak_memory_bytes_before is Inductor's order of the graph it was given (without bucketing: the no-pass
-    # peak); the final order keeps within it plus what the FX pass left of the budget
-    report.extra["memory_limit_bytes"] = report.peak_memory_bytes_before + budget
-    report.pass_time_s = time.perf_counter() - start
-    record(report)
-    log.info("fsdp_passes %s", report.one_line())
-    from ..debug import write_scheduler_dump
-
+    timelines = finish_graph_report(report, dag, durations, order, start)
     # always: it also emits the tlparse artifacts and DEBUG move reasons; files only with a debug_dir
-    write_scheduler_dump(options.debug_dir, report, dag, durations, identity, order, timelines)
+    write_scheduler_dump(options.debug_dir, report, dag, durations, list(range(len(dag))), order, timelines,
+                         fx_report=fx_report)
     return [nodes[i] for i in order], report
+
+
+def unchanged_cost_model(options: Options, report: GraphReport) -> Any:
+    """The cost model to simulate a graph a pass left unchanged: the options' one, else the cluster profile
+    alone (the calibration may be what failed), else None; what was dropped goes into ``report.extra``."""
+    from ..cost_model import CostModel, load_profile
+
+    try:
+        return CostModel.from_options(options.cluster, options.calibration)
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"calibration not used ({type(exc).__name__}: {exc})"
+    try:
+        return CostModel(load_profile(options.cluster))
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"no cost model ({type(exc).__name__}: {exc})"
+        return None
+
+
+def unchanged_schedule_report(nodes: Sequence[Any], options: Options, graph_name: str, reason: str,
+                              fx_report: GraphReport | None = None) -> GraphReport:
+    """The report (and, with ``options.debug_dir``, the dump) of a graph whose input order was kept because
+    the pass fell back: the unchanged schedule, its simulation and ``reason``.  ``fx_report``: what the FX
+    pass did to the same graph (folded into the dump).  Never raises."""
+    report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json(), fallback=reason)
+    try:
+        dag = dag_from_scheduler_nodes(list(nodes))
+        cost_model = unchanged_cost_model(options, report)
+        if cost_model is not None:
+            identity = list(range(len(dag)))
+            durations = cost_model.estimate(dag)
+            timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+            from ..debug import write_scheduler_dump
+
+            write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
+                                 fx_report=fx_report)
+        else:
+            report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+    return report  # not logged again: run_guarded already said why the pass fell back

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from ..dag.graph import Dag
-from .async_tracker import AsyncTracker
-from .memory import MemoryModel, MemoryTracker
+from ..simulate import simulate
+from ..simulate.memory import MemoryModel
 from .scheduler import InternalError, ListScheduler, ScheduleOutcome
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure, as_durations
 
@@ -40,6 +40,8 @@ class ReorderResult:
     reasons: per node id, why it is where it is ("" for compute nodes that did not move).
     before / after: simulated exposed communication, makespan and peak memory of the original order and
         of ``order``.
+    predicted: the same figures of ``order`` as the scheduling pass tracked them while building it (it runs
+        the simulator's engine incrementally, so they equal ``after``; ``before`` when ``fallback`` is set).
     baseline_peak / memory_limit: the original order's peak and the limit the plan kept (baseline peak +
         budget).
     fallback: why the original order was returned, or None when the planned order is used.
@@ -61,6 +63,7 @@ class ReorderResult:
     memory_limit: int
     max_prefetch: Optional[int]
     fallback: Optional[str] = None
+    predicted: Optional[OrderStats] = None
     issue_shift: dict[int, int] = field(default_factory=dict)
     wait_shift: dict[int, int] = field(default_factory=dict)
     pulled: int = 0
@@ -137,13 +140,13 @@ def plan_order(
 
     s = Structure(dag)
     dur = as_durations(dag, durations)
-    mm = MemoryModel(dag, s)
+    mm = MemoryModel(dag)
     n = s.n
     identity = list(range(n))
     base_curve = mm.curve(identity)
     base_peak = max(base_curve, default=0)
     limit = base_peak + memory_budget_bytes
-    before = evaluate(dag, identity, dur, s, mm)
+    before = evaluate(dag, identity, dur)
     notes: list[str] = []
 
     def keep_original(reason: str, passes: int) -> ReorderResult:
@@ -154,7 +157,7 @@ def plan_order(
         log.debug("reordering: original order kept: %s", reason)
         return ReorderResult(
             order=identity, moved=0, reasons=reasons, before=before, after=before, baseline_peak=base_peak,
-            memory_limit=limit, max_prefetch=max_prefetch, fallback=reason,
+            memory_limit=limit, max_prefetch=max_prefetch, fallback=reason, predicted=before,
             issue_shift={c: 0 for c in s.collectives}, wait_shift={w: 0 for w in range(n) if s.kind[w] == WAIT},
             passes=passes, notes=notes,
         )
@@ -192,7 +195,7 @@ def plan_order(
         if problems:  # pragma: no cover - would be a scheduler bug
             rejected.append(f"{label} order invalid: {problems[0]}")
             continue
-        after = evaluate(dag, outcome.order, dur, s, mm)
+        after = evaluate(dag, outcome.order, dur)
         if after.peak_bytes > limit:
             rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
         elif after.exposed_ms > before.exposed_ms:
@@ -273,68 +276,14 @@ def _result(
             reasons[i] = why
     return ReorderResult(
         order=list(order), moved=moved, reasons=reasons, before=before, after=after, baseline_peak=base_peak,
-        memory_limit=limit, max_prefetch=max_prefetch, fallback=None, issue_shift=issue_shift,
+        memory_limit=limit, max_prefetch=max_prefetch, fallback=None,
+        predicted=OrderStats(outcome.exposed, outcome.makespan, outcome.peak), issue_shift=issue_shift,
         wait_shift=wait_shift, pulled=outcome.pulled,
         hoisted=outcome.hoisted, passes=passes, notes=notes,
     )
 
 
-def evaluate(
-    dag: Dag,
-    order: Sequence[int],
-    durations: Sequence[float],
-    s: Optional[Structure] = None,
-    mm: Optional[MemoryModel] = None,
-) -> OrderStats:
-    """Simulated exposed communication, makespan and peak memory of ``order``.
-
-    Uses ``fsdp_passes.simulate`` when it is importable (the numbers every report shows), else the
-    scheduler's own trackers, which follow the same rules (see ``replay``).
-    """
-    try:
-        from ..simulate import simulate
-    except ImportError:  # pragma: no cover - the simulator ships with the package
-        simulate = None
-    if simulate is not None:
-        tl = simulate(dag, order, durations)
-        return OrderStats(float(tl.exposed_total), float(tl.makespan), int(tl.peak_memory))
-    return replay(dag, order, durations, s, mm)
-
-
-def replay(
-    dag: Dag,
-    order: Sequence[int],
-    durations: Sequence[float],
-    s: Optional[Structure] = None,
-    mm: Optional[MemoryModel] = None,
-) -> OrderStats:
-    """Replay ``order`` through the scheduler's trackers (no validity check beyond a wait after its
-    collective)."""
-    s = s or Structure(dag)
-    mm = mm or MemoryModel(dag, s)
-    dur = as_durations(dag, durations)
-    am = AsyncTracker(s, dur)
-    mem = MemoryTracker(mm)
-    t = 0.0
-    exposed = 0.0
-    for i in order:
-        k = s.kind[i]
-        if k == COLLECTIVE:
-            am.issue(i, t)
-        else:
-            if k == WAIT:
-                c = s.coll_of[i]
-                if not am.issued[c]:
-                    raise ValueError(f"wait {s.names[i]} runs before its collective {s.names[c]}")
-                e = am.end[c]
-                if e > t:
-                    exposed += e - t
-                    t = e
-                am.retire(c)
-            t += dur[i]
-        mem.run(i)
-    for c in s.collectives:
-        if not s.waits_of[c] and am.end[c] > t:
-            exposed += am.end[c] - t
-    makespan = max([t, *am.stream_end.values()])
-    return OrderStats(exposed, makespan, mem.peak)
+def evaluate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> OrderStats:
+    """Simulated exposed communication, makespan and peak memory of ``order`` (``fsdp_passes.simulate``)."""
+    tl = simulate(dag, order, durations)
+    return OrderStats(float(tl.exposed_total), float(tl.makespan), int(tl.peak_memory))

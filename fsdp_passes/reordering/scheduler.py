@@ -1,12 +1,14 @@
 """The scheduling core: one forward list-scheduling pass over the DAG with simulated time.
 
-State: the compute stream's simulated time ``t``, an ``AsyncTracker`` (per-group stream end, collectives in
-flight), a ``MemoryTracker`` (exact live bytes of the order built so far) and a ``HeadroomTree`` (the original
-order's memory curve plus the extra live ranges committed to so far, by original position).
+State: the simulator's own engine advanced node by node as the order grows (``fsdp_passes.simulate``: a
+``StreamClock``, the compute stream's time and each group's stream, and a ``MemoryTracker``, the exact live
+bytes), so what the pass predicts for its order is what ``simulate`` reports; an ``AsyncTracker`` (collectives
+in flight per group) and a ``HeadroomTree`` (the original order's memory curve plus the extra live ranges
+committed to so far, by original position).
 
-The *frontier* ``f`` is the lowest-numbered compute node not yet scheduled.  Every step:
+The *frontier* is the lowest-numbered compute node not yet scheduled.  Every step:
 
-1. due collectives (id < f: the original order issued them before ``f``) are issued now, unconditionally
+1. due collectives (ids below the frontier's: the original order issued them before it) are issued now, unconditionally
    (FSDP ones after freeing a ``max_prefetch`` slot if needed);
 2. waits whose collective has finished in simulated time and whose running frees memory (or that nothing
    consumes) are placed, without blocking; this is what releases reduce-scatter inputs;
@@ -29,8 +31,10 @@ The *frontier* ``f`` is the lowest-numbered compute node not yet scheduled.  Eve
    with the feeders' outputs charged to the memory limit too;
 7. the chosen node runs.
 
-Ids are the tie-break everywhere and all containers are heaps or arrays indexed by id, so the result depends
-only on the DAG and the durations.
+Names: ``c`` is a collective, ``w`` a wait, ``g`` a process group's stream key, ``p`` / ``v`` a predecessor /
+successor, ``r`` a buffer (by the id of the node that allocates it); the *chosen* node is the compute node
+about to run.  Ids are the tie-break everywhere and all containers are heaps or arrays indexed by id, so the
+result depends only on the DAG and the durations.
 """
 
 from __future__ import annotations
@@ -39,8 +43,10 @@ import bisect
 import heapq
 from typing import Optional
 
+from ..simulate.memory import MemoryModel, MemoryTracker
+from ..simulate.timeline import StreamClock
 from .async_tracker import AsyncTracker
-from .memory import HeadroomTree, MemoryModel, MemoryTracker
+from .headroom import HeadroomTree
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
 
 #: how many ready compute nodes are tried, per step, when pulling one ahead of a blocked frontier
@@ -81,29 +87,28 @@ class ListScheduler:
 
     def __init__(
         self,
-        s: Structure,
-        mm: MemoryModel,
+        structure: Structure,
+        memory_model: MemoryModel,
         base_curve: list[int],
-        dur: list[float],
+        durations: list[float],
         *,
         limit: Optional[int],
         max_prefetch: Optional[int],
     ):
-        n = s.n
-        self.s = s
-        self.dur = dur
+        n = structure.n
+        self.structure = structure
+        self.durations = durations
         self.limit = limit
-        self.cap = max_prefetch
-        self.alloc = mm.alloc
-        self.mem = MemoryTracker(mm)
+        self.max_prefetch = max_prefetch
+        self.alloc = memory_model.alloc
+        self.memory = MemoryTracker(memory_model)
         self.tree = HeadroomTree(base_curve) if limit is not None else None
-        self.am = AsyncTracker(s, dur)
-        self.t = 0.0
-        self.exposed = 0.0
+        self.clock = StreamClock(durations, structure.seq)
+        self.in_flight = AsyncTracker(structure, self.clock)
         self.order: list[int] = []
         self.scheduled = bytearray(n)
         self.pending = bytearray(n)  # waits whose inputs are all issued/placed, not placed themselves
-        self.unmet = [len(p) for p in s.preds]
+        self.unmet = [len(p) for p in structure.preds]
         self.release = [0.0] * n  # compute: when its pending waits' collectives end
         self.clear: list[int] = []  # available compute, nothing in flight it needs
         self.blocked: list[tuple[float, int]] = []  # available compute, (release, id)
@@ -117,9 +122,9 @@ class ListScheduler:
         self.held_by_overdue = [0] * n  # per buffer: how many of its remaining users are overdue waits
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
-        self.cands: list[tuple[int, int]] = []
-        self.in_cands = bytearray(n)
-        self.gnext: dict[str, int] = {g: 0 for g in s.seq}
+        self.candidates: list[tuple[int, int]] = []
+        self.in_candidates = bytearray(n)
+        self.next_seq_pos: dict[str, int] = {g: 0 for g in structure.seq}  # per group: index of its next collective
         self.why = [""] * n
         self.gate = [""] * n
         self.pulled = 0
@@ -138,98 +143,95 @@ class ListScheduler:
 
     # -- readiness ------------------------------------------------------------------------------------------
     def _push_cand(self, c: int) -> None:
-        if not self.in_cands[c]:
-            self.in_cands[c] = 1
-            heapq.heappush(self.cands, (self.s.fsdp[c], c))
+        if not self.in_candidates[c]:
+            self.in_candidates[c] = 1
+            heapq.heappush(self.candidates, (self.structure.fsdp[c], c))
 
     def _available(self, i: int) -> None:
         """``i`` has every input placed, issued or pending: file it where the scheduler will look for it."""
-        s = self.s
-        kind = s.kind
+        structure = self.structure
+        kind = structure.kind
         stack = [i]
         while stack:
             i = stack.pop()
             k = kind[i]
             if k == COMPUTE:
                 r = 0.0
-                end = self.am.end
-                for p in s.preds[i]:
+                end = self.clock.end
+                for p in structure.preds[i]:
                     if self.pending[p]:
-                        e = end[s.coll_of[p]]
+                        e = end[structure.coll_of[p]]
                         if e > r:
                             r = e
                 self.release[i] = r
-                if r <= self.t:
+                if r <= self.clock.now:
                     heapq.heappush(self.clear, i)
                 else:
                     heapq.heappush(self.blocked, (r, i))
             elif k == WAIT:
                 self.pending[i] = 1
-                heapq.heappush(self.finishing, (self.am.end[s.coll_of[i]], i))
+                heapq.heappush(self.finishing, (self.clock.end[structure.coll_of[i]], i))
                 heapq.heappush(self.overdue_heap, i)
                 unmet = self.unmet
-                for v in s.succs[i]:
+                for v in structure.succs[i]:
                     unmet[v] -= 1
                     if unmet[v] == 0:
                         stack.append(v)
             else:
-                if s.seq_pos[i] == self.gnext[s.group[i]]:
+                if structure.seq_pos[i] == self.next_seq_pos[structure.group[i]]:
                     self._push_cand(i)
 
     def _place(self, i: int) -> None:
         if self.scheduled[i]:  # already placed while filling idle time
             return
-        s = self.s
-        k = s.kind[i]
-        if k == COLLECTIVE:
-            g = s.group[i]
-            if s.seq_pos[i] != self.gnext[g]:
-                raise InternalError(f"{s.names[i]} would change the collective order of group {g!r}")
-            self.am.issue(i, self.t)
-            self.gnext[g] += 1
-        elif k == WAIT:
-            c = s.coll_of[i]
-            e = self.am.end[c]
-            if e > self.t and not self.filling and (self.finishing or self.slow):
+        structure = self.structure
+        kind = structure.kind[i]
+        if kind == COLLECTIVE:
+            g = structure.group[i]
+            if structure.seq_pos[i] != self.next_seq_pos[g]:
+                raise InternalError(f"{structure.names[i]} would change the collective order of group {g!r}")
+            self.in_flight.issue(i)
+            self.next_seq_pos[g] += 1
+        elif kind == WAIT:
+            c = structure.coll_of[i]
+            end = self.clock.end[c]
+            if end > self.clock.now and not self.filling and (self.finishing or self.slow):
                 # about to block: first run the waits that can use the idle time
                 self.filling = True
                 try:
-                    self._release_finished(horizon=e)
+                    self._release_finished(horizon=end)
                 finally:
                     self.filling = False
                 if self.scheduled[i]:
                     return
-            if e > self.t:
-                self.exposed += e - self.t
-                self.t = e
-            self.t += self.dur[i]
-            self.am.retire(c)
+            self.clock.run_wait(i, c)
+            self.in_flight.retire(c)
             self.pending[i] = 0
             if self.is_overdue[i]:
                 held = self.held_by_overdue
-                for r in self.mem.uses[i]:
+                for r in self.memory.uses[i]:
                     held[r] -= 1
         else:
-            self.t += self.dur[i]
-        self.mem.run(i)
+            self.clock.run_compute(i)
+        self.memory.run(i)
         self.scheduled[i] = 1
         self.order.append(i)
-        if k != WAIT:  # a wait released its consumers when it became pending
+        if kind != WAIT:  # a wait released its consumers when it became pending
             unmet = self.unmet
-            for v in s.succs[i]:
+            for v in structure.succs[i]:
                 unmet[v] -= 1
                 if unmet[v] == 0:
                     self._available(v)
-        if k == COLLECTIVE:
-            nxt = s.next_in_group(i)
+        if kind == COLLECTIVE:
+            nxt = structure.next_in_group(i)
             if nxt >= 0 and self.unmet[nxt] == 0 and not self.scheduled[nxt]:
                 self._push_cand(nxt)
 
-    def _place_deps(self, x: int, why: str) -> None:
-        """Place the pending waits ``x`` still needs (and theirs), in id order."""
-        s = self.s
+    def _place_deps(self, node: int, why: str) -> None:
+        """Place the pending waits ``node`` still needs (and theirs), in id order."""
+        structure = self.structure
         scheduled = self.scheduled
-        stack = [p for p in s.preds[x] if not scheduled[p]]
+        stack = [p for p in structure.preds[node] if not scheduled[p]]
         if not stack:
             return
         todo: list[int] = []
@@ -240,9 +242,9 @@ class ListScheduler:
                 continue
             seen.add(p)
             if not self.pending[p]:
-                raise InternalError(f"{s.names[x]} needs {s.names[p]}, which cannot run yet")
+                raise InternalError(f"{structure.names[node]} needs {structure.names[p]}, which cannot run yet")
             todo.append(p)
-            stack.extend(q for q in s.preds[p] if not scheduled[q])
+            stack.extend(q for q in structure.preds[p] if not scheduled[q])
         todo.sort()
         for p in todo:
             self._place(p)
@@ -254,34 +256,34 @@ class ListScheduler:
         """Bring group ``g`` below ``max_prefetch`` in flight by placing its oldest collectives' waits.
 
         Non-blocking: only waits whose collective has already finished in simulated time."""
-        am = self.am
-        cap = self.cap
-        while am.count[g] >= cap:
-            o = am.oldest(g)
-            if o < 0:
+        in_flight = self.in_flight
+        max_prefetch = self.max_prefetch
+        while in_flight.count[g] >= max_prefetch:
+            oldest = in_flight.oldest(g)
+            if oldest < 0:
                 break
-            ws = [w for w in self.s.waits_of[o] if not self.scheduled[w]]
-            if not ws or not all(self.pending[w] for w in ws):
+            waits = [w for w in self.structure.waits_of[oldest] if not self.scheduled[w]]
+            if not waits or not all(self.pending[w] for w in waits):
                 return False
-            if not blocking and am.end[o] > self.t:
+            if not blocking and self.clock.end[oldest] > self.clock.now:
                 return False
-            for w in ws:
-                self._place_deps(w, f"needed by {self.s.names[w]}")
+            for w in waits:
+                self._place_deps(w, f"needed by {self.structure.names[w]}")
                 self._place(w)
                 if not self.why[w]:
-                    self.why[w] = f"early: frees a max_prefetch={cap} slot of group {g!r}"
-        return am.count[g] < cap
+                    self.why[w] = f"early: frees a max_prefetch={max_prefetch} slot of group {g!r}"
+        return in_flight.count[g] < max_prefetch
 
     def _check_holds(self, upto: int) -> None:
         """Pending waits whose original position is before ``upto`` (overdue) keep buffers alive that the
         original order had freed by then: the buffers whose remaining users are all overdue waits.  Charge
         that memory up to ``upto``, or place the wait now if the limit says no."""
-        oh = self.overdue_heap
+        overdue_heap = self.overdue_heap
         scheduled = self.scheduled
-        uses = self.mem.uses
+        uses = self.memory.uses
         held = self.held_by_overdue
-        while oh and oh[0] < upto:
-            w = heapq.heappop(oh)
+        while overdue_heap and overdue_heap[0] < upto:
+            w = heapq.heappop(overdue_heap)
             if not scheduled[w]:
                 self.overdue.append(w)
                 self.is_overdue[w] = 1
@@ -291,50 +293,48 @@ class ListScheduler:
             return
         keep: list[int] = []
         tree = self.tree
-        limit = self.limit
-        remaining = self.mem.remaining
+        remaining = self.memory.remaining
         alloc = self.alloc
-        hi = upto + 1
+        hold_hi = upto + 1
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         for w in self.overdue:
             if scheduled[w]:
                 continue
-            lo = self.hold_from.get(w, w + 1)
-            if lo >= hi:
+            hold_lo = self.hold_from.get(w, w + 1)
+            if hold_lo >= hold_hi:
                 keep.append(w)
                 continue
             mine = [r for r in uses[w] if remaining[r] == held[r] and r not in charged]
-            h = 0
+            nbytes = 0
             for r in mine:
-                h += alloc[r]
-            if h == 0:
-                self.hold_from[w] = hi
+                nbytes += alloc[r]
+            if nbytes == 0:
+                self.hold_from[w] = hold_hi
                 keep.append(w)
                 continue
-            if tree is not None and tree.max(lo, hi) + h <= limit:  # type: ignore[operator]
-                tree.add(lo, hi, h)
-                self.hold_from[w] = hi
+            if tree is not None and not self._reserve(hold_lo, hold_hi, nbytes):
+                self.hold_from[w] = hold_hi
                 charged.update(mine)
                 keep.append(w)
                 continue
-            self._place_deps(w, f"needed by {self.s.names[w]}")
+            self._place_deps(w, f"needed by {self.structure.names[w]}")
             self._place(w)
             if not self.why[w]:
-                self.why[w] = f"early: keeping {h} B of inputs alive longer would exceed the memory limit"
+                self.why[w] = f"early: keeping {nbytes} B of inputs alive longer would exceed the memory limit"
         self.overdue = keep
 
-    def _issue_due(self, f: int) -> None:
-        s = self.s
-        cols = s.collectives
-        while self.due_ptr < len(cols) and cols[self.due_ptr] < f:
+    def _issue_due(self, frontier: int) -> None:
+        structure = self.structure
+        cols = structure.collectives
+        while self.due_ptr < len(cols) and cols[self.due_ptr] < frontier:
             c = cols[self.due_ptr]
             self.due_ptr += 1
             if self.scheduled[c]:
                 continue
             self._check_holds(c)
-            self._place_deps(c, f"needed by collective {s.names[c]}")
-            if self.cap is not None and s.fsdp[c]:
-                if not self._make_room(s.group[c], blocking=True):
+            self._place_deps(c, f"needed by collective {structure.names[c]}")
+            if self.max_prefetch is not None and structure.fsdp[c]:
+                if not self._make_room(structure.group[c], blocking=True):
                     self.cap_exceeded += 1
             self._place(c)
             self.why[c] = "at its original place"
@@ -345,9 +345,9 @@ class ListScheduler:
         A wait that takes compute time of its own is compute work: it is only run early in time the compute
         stream would spend blocked anyway.  With ``horizon`` (the stream is about to block until then), waits
         finishing by ``horizon`` are placed first, if their own duration fits before it."""
-        fh = self.finishing
+        finishing = self.finishing
         slow = self.slow
-        dur = self.dur
+        durations = self.durations
         scheduled = self.scheduled
         if horizon is not None:
             # first the waits that take time, while the stream is still free to run them before ``horizon``
@@ -356,19 +356,19 @@ class ListScheduler:
                 e, w = heapq.heappop(slow)
                 if scheduled[w]:
                     continue
-                if max(self.t, e) + dur[w] > horizon:
+                if max(self.clock.now, e) + durations[w] > horizon:
                     late.append((e, w))
                     continue
                 self._release(w, idle=True)
             for item in late:
                 heapq.heappush(slow, item)
-        limit = self.t if horizon is None else horizon
-        while fh and fh[0][0] <= limit:
-            e, w = heapq.heappop(fh)
+        limit = self.clock.now if horizon is None else horizon
+        while finishing and finishing[0][0] <= limit:
+            e, w = heapq.heappop(finishing)
             if scheduled[w]:
                 continue
-            if dur[w] > 0.0:
-                if horizon is not None and max(self.t, e) + dur[w] <= horizon:
+            if durations[w] > 0.0:
+                if horizon is not None and max(self.clock.now, e) + durations[w] <= horizon:
                     self._release(w, idle=True)
                 else:
                     heapq.heappush(slow, (e, w))
@@ -378,9 +378,9 @@ class ListScheduler:
     def _release(self, w: int, idle: bool = False) -> None:
         """Place finished wait ``w`` if that frees memory, if nothing consumes it, or (``idle``) if its own
         duration runs in time the compute stream would otherwise spend blocked."""
-        freed = self.mem.frees_if_run(w)
-        if freed > 0 or idle or not self.s.succs[w]:
-            self._place_deps(w, f"needed by {self.s.names[w]}")
+        freed = self.memory.frees_if_run(w)
+        if freed > 0 or idle or not self.structure.succs[w]:
+            self._place_deps(w, f"needed by {self.structure.names[w]}")
             self._place(w)
             if not self.why[w]:
                 if freed:
@@ -390,133 +390,131 @@ class ListScheduler:
                 else:
                     self.why[w] = "when its collective finished: nothing consumes it"
 
-    def _choose(self, f: int) -> int:
+    def _choose(self, frontier: int) -> int:
         blocked, clear, scheduled = self.blocked, self.clear, self.scheduled
-        t = self.t
-        while blocked and blocked[0][0] <= t:
+        now = self.clock.now
+        while blocked and blocked[0][0] <= now:
             _, i = heapq.heappop(blocked)
             if not scheduled[i]:
                 heapq.heappush(clear, i)
         while clear and scheduled[clear[0]]:
             heapq.heappop(clear)
-        if self.unmet[f] != 0:
-            raise InternalError(f"frontier node {self.s.names[f]} has inputs that cannot be scheduled")
-        if not clear or clear[0] == f or self.tree is None:
-            return f
+        if self.unmet[frontier] != 0:
+            raise InternalError(f"frontier node {self.structure.names[frontier]} has inputs that cannot be scheduled")
+        if not clear or clear[0] == frontier or self.tree is None:
+            return frontier
         # the frontier waits on a collective still in flight: fill the gap with ready work that ends before
         # the frontier could start anyway (so the frontier is never delayed), if memory allows
-        s = self.s
-        lo = s.region_start[f]
-        limit = self.limit
-        gap_end = self._release_time(f)
+        structure = self.structure
+        region_lo = structure.region_start[frontier]
+        gap_end = self._release_time(frontier)
         rejected: list[int] = []
-        chosen = f
+        pick = frontier
         for _ in range(PULL_TRIES):
             if not clear:
                 break
-            x = heapq.heappop(clear)
-            if scheduled[x]:
+            candidate = heapq.heappop(clear)
+            if scheduled[candidate]:
                 continue
-            a = self.alloc[x]
-            if t + self.dur[x] > gap_end or self._delays_non_fsdp(f, x):
-                rejected.append(x)
+            nbytes = self.alloc[candidate]
+            if now + self.durations[candidate] > gap_end or self._delays_non_fsdp(frontier, candidate):
+                rejected.append(candidate)
                 continue
-            if a == 0 or (self.mem.live + a <= limit and self.tree.max(lo, x) + a <= limit):  # type: ignore
-                self.tree.add(lo, x, a)
-                chosen = x
+            if not self._reserve(region_lo, candidate, nbytes, live=self.memory.live):
+                pick = candidate
                 self.pulled += 1
-                self.why[x] = f"pulled ahead of {s.names[f]}, which waits on {self._blocker(f)}"
+                self.why[candidate] = f"pulled ahead of {structure.names[frontier]}, which waits on {self._blocker(frontier)}"
                 break
-            rejected.append(x)
-        for x in rejected:
-            heapq.heappush(clear, x)
-        return chosen
+            rejected.append(candidate)
+        for candidate in rejected:
+            heapq.heappush(clear, candidate)
+        return pick
 
-    def _delays_non_fsdp(self, f: int, x: int) -> bool:
-        """Would running compute node ``x`` now put it before a not-yet-issued collective that is not
-        FSDP-like (TP, EP, barrier-like) and came before ``x`` originally?  Such collectives keep their
-        position relative to compute: pulling ``x`` ahead of them would issue them one compute node later."""
-        ids = self.s.non_fsdp_collectives
+    def _delays_non_fsdp(self, frontier: int, candidate: int) -> bool:
+        """Would running compute node ``candidate`` now put it before a not-yet-issued collective that is not
+        FSDP-like (TP, EP, barrier-like) and came before ``candidate`` originally?  Such collectives keep their
+        position relative to compute: pulling ``candidate`` ahead of them would issue them one compute node later."""
+        ids = self.structure.non_fsdp_collectives
         if not ids:
             return False
         scheduled = self.scheduled
-        for k in range(bisect.bisect_right(ids, f), bisect.bisect_left(ids, x)):
+        for k in range(bisect.bisect_right(ids, frontier), bisect.bisect_left(ids, candidate)):
             if not scheduled[ids[k]]:
                 return True
         return False
 
-    def _release_time(self, x: int) -> float:
-        """When the collectives behind ``x``'s pending waits end (0 when none)."""
-        s = self.s
+    def _release_time(self, node: int) -> float:
+        """When the collectives behind ``node``'s pending waits end (0 when none)."""
+        structure = self.structure
         r = 0.0
-        for p in s.preds[x]:
+        for p in structure.preds[node]:
             if self.pending[p]:
-                e = self.am.end[s.coll_of[p]]
+                e = self.clock.end[structure.coll_of[p]]
                 if e > r:
                     r = e
         return r
 
-    def _blocker(self, f: int) -> str:
-        s = self.s
+    def _blocker(self, frontier: int) -> str:
+        structure = self.structure
         best, best_end = -1, -1.0
-        for p in s.preds[f]:
-            if self.pending[p] and self.am.end[s.coll_of[p]] > best_end:
-                best, best_end = s.coll_of[p], self.am.end[s.coll_of[p]]
-        return s.names[best] if best >= 0 else "a collective"
+        for p in structure.preds[frontier]:
+            if self.pending[p] and self.clock.end[structure.coll_of[p]] > best_end:
+                best, best_end = structure.coll_of[p], self.clock.end[structure.coll_of[p]]
+        return structure.names[best] if best >= 0 else "a collective"
 
-    def _prefetch(self, f: int, x: int) -> None:
+    def _prefetch(self, frontier: int, chosen: int) -> None:
         if self.tree is None:
             return
-        s = self.s
+        structure = self.structure
         scheduled = self.scheduled
-        fences = s.fences
+        fences = structure.fences
         while self.fence_ptr < len(fences) and scheduled[fences[self.fence_ptr]]:
             self.fence_ptr += 1
-        fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else s.n
+        fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else structure.n
         while True:
-            self._issue_ready(f, x, fence)
-            if not self._hoist_one(f, x, fence):
+            self._issue_ready(frontier, chosen, fence)
+            if not self._hoist_one(frontier, chosen, fence):
                 break
 
-    def _issue_ready(self, f: int, x: int, fence: int) -> None:
+    def _issue_ready(self, frontier: int, chosen: int, fence: int) -> None:
         """Issue the candidates (next in their group, inputs ready) that the gates let through."""
-        s = self.s
+        structure = self.structure
         scheduled = self.scheduled
-        t_next = max(self.t, self.release[x]) + self.dur[x]
-        cands = self.cands
+        t_next = max(self.clock.now, self.release[chosen]) + self.durations[chosen]
+        candidates = self.candidates
         retry: list[int] = []
-        while cands:
-            _, c = heapq.heappop(cands)
-            self.in_cands[c] = 0
-            if scheduled[c] or s.seq_pos[c] != self.gnext[s.group[c]]:
+        while candidates:
+            _, c = heapq.heappop(candidates)
+            self.in_candidates[c] = 0
+            if scheduled[c] or structure.seq_pos[c] != self.next_seq_pos[structure.group[c]]:
                 continue
-            if s.fence[c]:
+            if structure.fence[c]:
                 why = "barrier-like collective: kept at its original place"
             elif c > fence:
-                why = f"not moved across barrier-like collective {s.names[fence]}"
+                why = f"not moved across barrier-like collective {structure.names[fence]}"
             else:
-                why = self._gate(c, f, t_next)
+                why = self._gate(c, frontier, t_next)
             if why:
                 self.gate[c] = why
                 retry.append(c)
                 continue
-            self._place_deps(c, f"needed by collective {s.names[c]}")
+            self._place_deps(c, f"needed by collective {structure.names[c]}")
             self._place(c)
-            self.why[c] = "prefetched" if s.fsdp[c] else "not FSDP-like: issued as soon as its inputs were ready"
+            self.why[c] = "prefetched" if structure.fsdp[c] else "not FSDP-like: issued as soon as its inputs were ready"
         for c in retry:
             self._push_cand(c)
 
     # -- hoisting the feeders of a prefetch -----------------------------------------------------------------
-    def _hoist_one(self, f: int, x: int, fence: int) -> bool:
+    def _hoist_one(self, frontier: int, chosen: int, fence: int) -> bool:
         """Try, in id order, each group's next collective that is FSDP-like and waits only on compute that
         could run now (its *feeders*); hoist the feeders and issue it for the first one the gates allow."""
-        s = self.s
+        structure = self.structure
         heads = []
-        for g, seq in s.seq.items():
-            k = self.gnext[g]
+        for g, seq in structure.seq.items():
+            k = self.next_seq_pos[g]
             if k < len(seq):
                 c = seq[k]
-                if self.unmet[c] and s.fsdp[c] and not s.fence[c] and c <= fence:
+                if self.unmet[c] and structure.fsdp[c] and not structure.fence[c] and c <= fence:
                     heads.append(c)
         heads.sort()
         scheduled = self.scheduled
@@ -527,7 +525,7 @@ class ListScheduler:
                 # nothing can change until this node is placed (or, for the horizon, is about to run)
                 node, at_x, until = parked[c]
                 if node >= 0:
-                    if not scheduled[node] and not (at_x and node == x):
+                    if not scheduled[node] and not (at_x and node == chosen):
                         continue
                 elif len(self.order) < until:
                     continue
@@ -540,41 +538,41 @@ class ListScheduler:
                     k += 1
                 if k:
                     found = feeders[c] = found[k:]
-                if found and found[0] == f:
-                    parked[c] = (f, False, 0)
+                if found and found[0] == frontier:
+                    parked[c] = (frontier, False, 0)
                     continue
-            u = self._beyond_horizon(c, x)
+            u = self._beyond_horizon(c, chosen)
             if u >= 0:
                 parked[c] = (u, True, 0)  # the normal state of a collective more than one ahead: no gate
                 continue
-            why = self._hoist(c, f, x)
+            why = self._hoist(c, frontier, chosen)
             if not why:
                 return True
             if why != "-":
                 self.gate[c] = why
         return False
 
-    def _beyond_horizon(self, c: int, x: int) -> int:
+    def _beyond_horizon(self, c: int, chosen: int) -> int:
         """Hoisting moves compute, so it looks one collective ahead only: the feeders of ``c`` may be hoisted
         once the compute has started consuming the previous collective of the same op in its group (its
-        first consumer has run or is ``x``, about to run), i.e. during the block before ``c``'s.  Collectives
+        first consumer has run or is ``chosen``, about to run), i.e. during the block before ``c``'s.  Collectives
         nobody consumes (gradient reductions whose result is a graph output) are skipped when looking back
         (at most ``HORIZON_LOOKBACK`` of them).  Returns the consumer still to come, or -1 when ``c`` is
         within the horizon."""
-        s = self.s
-        seq = s.seq[s.group[c]]
-        op = s.coll_op[c]
-        k = s.seq_pos[c] - 1
+        structure = self.structure
+        seq = structure.seq[structure.group[c]]
+        op = structure.coll_op[c]
+        k = structure.seq_pos[c] - 1
         stop = max(-1, k - HORIZON_LOOKBACK)
         while k > stop:
             p = seq[k]
             k -= 1
-            if s.coll_op[p] is not op:
+            if structure.coll_op[p] is not op:
                 continue
-            u = s.first_use[p]
+            u = structure.first_use[p]
             if u < 0:
                 continue
-            return -1 if self.scheduled[u] or u == x else u
+            return -1 if self.scheduled[u] or u == chosen else u
         return -1
 
     def _feeders_of(self, c: int) -> Optional[list[int]]:
@@ -603,9 +601,9 @@ class ListScheduler:
                 return None
             if blocker < 0 and len(self.order) < at + MAX_FEEDERS:
                 return None
-        s = self.s
-        kind = s.kind
-        preds = s.preds
+        structure = self.structure
+        kind = structure.kind
+        preds = structure.preds
         stack = [p for p in reversed(preds[c]) if not scheduled[p]]
         seen: set[int] = set()
         out: list[int] = []
@@ -632,145 +630,142 @@ class ListScheduler:
     def _stream_and_cap_gate(self, c: int, g: str, t_next: float) -> Optional[str]:
         """Gates (a) and (b) for FSDP collective ``c`` of group ``g`` if the next compute node ends at
         ``t_next``: why issuing it now would not help, or None."""
-        s = self.s
-        am = self.am
-        nxt = s.next_in_group(c)
-        queued = nxt >= 0 and not s.fsdp[nxt] and not s.fence[nxt] and self.unmet[nxt] == 0
-        if not queued and am.stream_free(g) >= t_next:
+        structure = self.structure
+        in_flight = self.in_flight
+        nxt = structure.next_in_group(c)
+        queued = nxt >= 0 and not structure.fsdp[nxt] and not structure.fence[nxt] and self.unmet[nxt] == 0
+        if not queued and self.clock.stream_free(g) >= t_next:
             return "issuing it earlier would not start it earlier (its stream is busy)"
-        if self.cap is not None and am.count[g] >= self.cap and not self._make_room(g, blocking=False):
-            return f"max_prefetch={self.cap}: {am.count[g]} collective(s) of group {g!r} in flight"
+        if self.max_prefetch is not None and in_flight.count[g] >= self.max_prefetch and not self._make_room(g, blocking=False):
+            return f"max_prefetch={self.max_prefetch}: {in_flight.count[g]} collective(s) of group {g!r} in flight"
         return None
-    def _hoist(self, c: int, f: int, x: int) -> str:
-        """Hoist the feeders of ``c`` and issue it now, before ``x`` runs, if the prefetch gates allow.
+    def _hoist(self, c: int, frontier: int, chosen: int) -> str:
+        """Hoist the feeders of ``c`` and issue it now, before ``chosen`` runs, if the prefetch gates allow.
         Returns '' when done, '-' when ``c`` has no feeders that could run now, else why not."""
-        s = self.s
-        fs = self._feeders_of(c)
-        if not fs:
-            if fs is None:
+        structure = self.structure
+        feeders = self._feeders_of(c)
+        if not feeders:
+            if feeders is None:
                 blocker, at = self.feeder_retry[c]
                 self.parked[c] = (blocker, False, at + MAX_FEEDERS)
             return "-"
-        if fs[0] == f:
+        if feeders[0] == frontier:
             # it needs the frontier anyway: nothing to hoist until that has run
-            self.parked[c] = (f, False, 0)
+            self.parked[c] = (frontier, False, 0)
             return "-"
         scheduled = self.scheduled
-        fs = [y for y in fs if not scheduled[y]]
-        self.feeders[c] = fs
-        if x in fs:
-            self.parked[c] = (x, False, 0)  # it needs the chosen node: an ordinary candidate once that ran
+        feeders = [feeder for feeder in feeders if not scheduled[feeder]]
+        self.feeders[c] = feeders
+        if chosen in feeders:
+            self.parked[c] = (chosen, False, 0)  # it needs the chosen node: an ordinary candidate once that ran
             return "-"
-        n_f = len(fs)
-        what = f"hoisting its {n_f} feeder(s)"
-        for v in s.succs[x]:
-            if s.kind[v] == COLLECTIVE and self.unmet[v] == 1:
+        n_feeders = len(feeders)
+        what = f"hoisting its {n_feeders} feeder(s)"
+        for v in structure.succs[chosen]:
+            if structure.kind[v] == COLLECTIVE and self.unmet[v] == 1:
                 # the chosen node is the last input of another collective: hoisting would delay that one
-                self.parked[c] = (x, False, 0)
-                return f"{what} would delay {s.names[v]}, whose last input {s.names[x]} is about to run"
-        if self._delays_non_fsdp(f, fs[-1]):
+                self.parked[c] = (chosen, False, 0)
+                return f"{what} would delay {structure.names[v]}, whose last input {structure.names[chosen]} is about to run"
+        if self._delays_non_fsdp(frontier, feeders[-1]):
             return f"{what} would issue a collective that is not FSDP-like later relative to compute"
-        dur = self.dur
+        durations = self.durations
         busy = 0.0
-        for y in fs:
-            busy += dur[y]
-        t1 = self.t + busy  # when the collective would be issued
-        if x != f:
-            gap_end = self._release_time(f)
-            if t1 + dur[x] > gap_end:
-                return f"{what}: would delay {s.names[f]}, which waits on {self._blocker(f)}"
-        t_next = max(t1, self.release[x]) + dur[x]
-        g = s.group[c]
+        for feeder in feeders:
+            busy += durations[feeder]
+        issue_at = self.clock.now + busy  # when the collective would be issued
+        if chosen != frontier:
+            gap_end = self._release_time(frontier)
+            if issue_at + durations[chosen] > gap_end:
+                return f"{what}: would delay {structure.names[frontier]}, which waits on {self._blocker(frontier)}"
+        t_next = max(issue_at, self.release[chosen]) + durations[chosen]
+        g = structure.group[c]
         why = self._stream_and_cap_gate(c, g, t_next)
         if why:
             return why
         # memory: every feeder's output lives from now on, and so does the collective's
         tree = self.tree
-        limit = self.limit
         alloc = self.alloc
-        lo = s.region_start[f]
-        live = self.mem.live
+        region_lo = structure.region_start[frontier]
+        live = self.memory.live
         charged: list[tuple[int, int]] = []
-        for y in fs + [c]:
-            a = alloc[y]
-            if not a:
+        for feeder in feeders + [c]:
+            nbytes = alloc[feeder]
+            if not nbytes:
                 continue
-            why = ""
-            if live + a > limit:  # type: ignore[operator]
-                why = f"memory limit: {live} B live + {a} B output of {s.names[y]} > {limit} B"
-            else:
-                worst = tree.max(lo, y)  # type: ignore[union-attr]
-                if worst + a > limit:  # type: ignore[operator]
-                    why = (f"memory limit: the original order peaks at {worst} B before {s.names[y]}, "
-                           f"+ {a} B > {limit} B")
+            why = self._reserve(region_lo, feeder, nbytes, live=live, output_of=structure.names[feeder])
             if why:
                 for z, b in charged:
-                    tree.add(lo, z, -b)  # type: ignore[union-attr]
+                    tree.add(region_lo, z, -b)  # type: ignore[union-attr]
                 return f"{what}: {why}"
-            tree.add(lo, y, a)  # type: ignore[union-attr]
-            charged.append((y, a))
-            live += a
-        for y in fs:
-            self._place(y)
-            self.why[y] = f"hoisted: feeds the prefetch of {s.names[c]}"
-        self.hoisted += n_f
+            charged.append((feeder, nbytes))
+            live += nbytes
+        for feeder in feeders:
+            self._place(feeder)
+            self.why[feeder] = f"hoisted: feeds the prefetch of {structure.names[c]}"
+        self.hoisted += n_feeders
         if self.unmet[c] != 0:
-            raise InternalError(f"{s.names[c]} still has unplaced inputs after its feeders were hoisted")
+            raise InternalError(f"{structure.names[c]} still has unplaced inputs after its feeders were hoisted")
         self._place(c)
-        self.why[c] = f"prefetched after hoisting its {n_f} feeder(s)"
+        self.why[c] = f"prefetched after hoisting its {n_feeders} feeder(s)"
         return ""
 
-    def _gate(self, c: int, f: int, t_next: float) -> str:
+    def _gate(self, c: int, frontier: int, t_next: float) -> str:
         """Why collective ``c`` may not be issued before the chosen node ('' when it may)."""
-        s = self.s
-        am = self.am
-        for p in s.preds[c]:
+        structure = self.structure
+        for p in structure.preds[c]:
             if not self.scheduled[p]:
                 if not self.pending[p]:
                     return "inputs not ready"
-                if am.end[s.coll_of[p]] > self.t:
-                    return f"its input {s.names[p]} waits on an unfinished collective"
-        g = s.group[c]
-        if s.fsdp[c]:
+                if self.clock.end[structure.coll_of[p]] > self.clock.now:
+                    return f"its input {structure.names[p]} waits on an unfinished collective"
+        g = structure.group[c]
+        if structure.fsdp[c]:
             why = self._stream_and_cap_gate(c, g, t_next)
             if why:
                 return why
-        a = self.alloc[c]
-        if a:
-            limit = self.limit
-            lo = s.region_start[f]
-            if self.mem.live + a > limit:  # type: ignore[operator]
-                return f"memory limit: {self.mem.live} B live + {a} B output > {limit} B"
-            worst = self.tree.max(lo, c)  # type: ignore[union-attr]
-            if worst + a > limit:  # type: ignore[operator]
-                return f"memory limit: the original order peaks at {worst} B before it, + {a} B > {limit} B"
-            self.tree.add(lo, c, a)  # type: ignore[union-attr]
+        return self._reserve(structure.region_start[frontier], c, self.alloc[c], live=self.memory.live)
+
+    def _reserve(self, lo: int, hi: int, nbytes: int, live: Optional[int] = None, output_of: str = "") -> str:
+        """The one memory-limit check: ``nbytes`` more are live over original positions ``lo..hi-1`` (and, with
+        ``live``, on top of the bytes live now).  Charges them to the headroom tree and returns '' when the
+        limit allows, else says why not (``output_of`` names the node whose output it is)."""
+        if not nbytes:
+            return ""
+        limit = self.limit
+        whose = f"output of {output_of}" if output_of else "output"
+        if live is not None and live + nbytes > limit:  # type: ignore[operator]
+            return f"memory limit: {live} B live + {nbytes} B {whose} > {limit} B"
+        worst = self.tree.max(lo, hi)  # type: ignore[union-attr]
+        if worst + nbytes > limit:  # type: ignore[operator]
+            return (f"memory limit: the original order peaks at {worst} B before {output_of or 'it'}, "
+                    f"+ {nbytes} B > {limit} B")
+        self.tree.add(lo, hi, nbytes)  # type: ignore[union-attr]
         return ""
 
     def _finish(self) -> None:
-        s = self.s
-        self._issue_due(s.n)
-        self._check_holds(s.n - 1)
-        rest = [i for i in range(s.n) if not self.scheduled[i]]
-        end = self.am.end
-        rest.sort(key=lambda w: (end[s.coll_of[w]] if s.kind[w] == WAIT else 0.0, w))
+        structure = self.structure
+        self._issue_due(structure.n)
+        self._check_holds(structure.n - 1)
+        rest = [i for i in range(structure.n) if not self.scheduled[i]]
+        end = self.clock.end
+        rest.sort(key=lambda w: (end[structure.coll_of[w]] if structure.kind[w] == WAIT else 0.0, w))
         for w in rest:
             if self.scheduled[w]:
                 continue
-            if s.kind[w] != WAIT:
-                raise InternalError(f"{s.names[w]} was left unscheduled")
-            self._place_deps(w, f"needed by {s.names[w]}")
+            if structure.kind[w] != WAIT:
+                raise InternalError(f"{structure.names[w]} was left unscheduled")
+            self._place_deps(w, f"needed by {structure.names[w]}")
             self._place(w)
             if not self.why[w]:
                 self.why[w] = "at the end of the graph"
 
     # -- driver ---------------------------------------------------------------------------------------------
     def run(self) -> ScheduleOutcome:
-        s = self.s
-        n = s.n
-        for i in [i for i in range(n) if not s.preds[i]]:
+        structure = self.structure
+        n = structure.n
+        for i in [i for i in range(n) if not structure.preds[i]]:
             self._available(i)
-        computes = s.computes
+        computes = structure.computes
         nc = len(computes)
         scheduled = self.scheduled
         while True:
@@ -778,30 +773,28 @@ class ListScheduler:
                 self.front_ptr += 1
             if self.front_ptr == nc:
                 break
-            f = computes[self.front_ptr]
-            self._issue_due(f)
+            frontier = computes[self.front_ptr]
+            self._issue_due(frontier)
             self._release_finished()
-            x = self._choose(f)
-            r = self._release_time(x)
-            if r > self.t:
-                self._release_finished(horizon=r)
-            if x == f:
-                self._check_holds(f)
-            self._place_deps(x, f"before its first consumer {s.names[x]}")
-            self._prefetch(f, x)
-            if scheduled[x]:
-                raise InternalError(f"{s.names[x]} was scheduled twice")
-            self._place(x)
+            chosen = self._choose(frontier)
+            release = self._release_time(chosen)
+            if release > self.clock.now:
+                self._release_finished(horizon=release)
+            if chosen == frontier:
+                self._check_holds(frontier)
+            self._place_deps(chosen, f"before its first consumer {structure.names[chosen]}")
+            self._prefetch(frontier, chosen)
+            if scheduled[chosen]:
+                raise InternalError(f"{structure.names[chosen]} was scheduled twice")
+            self._place(chosen)
         self._finish()
         if len(self.order) != n:
             raise InternalError(f"scheduled {len(self.order)} of {n} nodes")
-        compute_end = self.t
-        exposed = self.exposed
-        for c in s.collectives:
-            if not s.waits_of[c] and self.am.end[c] > compute_end:
-                exposed += self.am.end[c] - compute_end
-        makespan = max([compute_end, *self.am.stream_end.values()])
+        clock = self.clock
+        makespan = clock.finish(c for c in structure.collectives if not structure.waits_of[c])
+        # summed per collective in issue order, as ``simulate`` does, so the figures are equal to the last digit
+        exposed = sum(clock.exposed.values())
         return ScheduleOutcome(
-            self.order, self.mem.peak, exposed, makespan, self.why, self.gate, self.pulled, self.cap_exceeded,
+            self.order, self.memory.peak, exposed, makespan, self.why, self.gate, self.pulled, self.cap_exceeded,
             self.hoisted,
         )

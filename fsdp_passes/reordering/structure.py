@@ -8,16 +8,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..simulate.timeline import check_durations
 from ..dag.graph import CollectiveOp, Dag, NodeKind
+from ..simulate.memory import wait_collectives
+from ..simulate.timeline import check_durations, group_key
 
 #: scheduler classes of a node
 COMPUTE, COLLECTIVE, WAIT = 0, 1, 2
-
-
-def group_key(group_name: str | None) -> str:
-    """Stream name of a collective's process group (unnamed groups share one stream, as in the DAG)."""
-    return group_name or "?"
 
 
 def as_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
@@ -51,22 +47,14 @@ class Structure:
         self.n = n
         self.names = [node.name for node in nodes]
         kind = bytearray(n)
-        coll_of = [-1] * n
         for i, node in enumerate(nodes):
             if node.kind is NodeKind.COLLECTIVE:
                 kind[i] = COLLECTIVE
-        for i, node in enumerate(nodes):
-            if node.kind is not NodeKind.WAIT:
-                continue
-            c = node.collective_of
-            if c is None:
-                c = next((p for p in dag.preds[i] if kind[p] == COLLECTIVE), None)
-            if c is None:
-                continue  # a wait on nothing we know: an ordinary node on the compute stream
-            if not (0 <= c < n and kind[c] == COLLECTIVE):
-                raise ValueError(f"wait {node.name} names node {c}, which is not a collective")
-            kind[i] = WAIT
-            coll_of[i] = c
+        # a wait on nothing we know (-1) is an ordinary node on the compute stream
+        coll_of = wait_collectives(dag)
+        for i, c in enumerate(coll_of):
+            if c >= 0:
+                kind[i] = WAIT
         self.kind = kind
         self.coll_of = coll_of
 

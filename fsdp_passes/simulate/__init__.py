@@ -1,12 +1,18 @@
-"""Timeline simulation of an order: one compute stream plus one FIFO stream per process group."""
+"""The one engine for time and memory: one compute stream plus one FIFO stream per process group
+(``StreamClock``) and live bytes (``MemoryModel`` / ``MemoryTracker``), advanced node by node; ``simulate``
+replays a whole order."""
 
 from .bounds import lower_bound
 from ..dag.graph import buffer_roots
-from .memory import memory_curve, peak_memory
-from .timeline import Timeline, check_order, simulate
+from .memory import MemoryModel, MemoryTracker, memory_curve, peak_memory
+from .timeline import OverlapCosts, StreamClock, Timeline, check_order, simulate
 from .trace import chrome_trace, write_chrome_trace
 
 __all__ = [
+    "MemoryModel",
+    "OverlapCosts",
+    "MemoryTracker",
+    "StreamClock",
     "Timeline",
     "buffer_roots",
     "check_order",

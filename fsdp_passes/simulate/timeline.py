@@ -6,6 +6,11 @@
 - A wait first blocks the compute stream until its collective has finished (that blocked time is the
   collective's exposed time), then takes its own duration (normally 0) like any compute node.
 - A collective nobody waits on is exposed by however long it runs past the end of the compute stream.
+
+With ``OverlapCosts`` (a cluster profile's overlap terms, see ``CostModel.overlap_costs``) two more rules
+apply: issuing a collective holds the compute stream for ``issue_ms`` before the collective can start, and
+compute that runs while any collective is in flight progresses ``1 + compute_slowdown`` times slower for as
+long as the collectives run (the rest of the node runs at full speed).
 """
 
 from __future__ import annotations
@@ -13,14 +18,37 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..dag.graph import Dag, NodeKind
 from .bounds import lower_bound
 from .memory import memory_curve, wait_collectives
 
-_COMPUTE, _COLLECTIVE, _WAIT = 0, 1, 2
-_KIND_CODE = {NodeKind.COMPUTE: _COMPUTE, NodeKind.COLLECTIVE: _COLLECTIVE, NodeKind.WAIT: _WAIT}
+
+@dataclass(frozen=True)
+class OverlapCosts:
+    """What overlapping costs: host issue time per collective (ms) and compute slowdown while one runs."""
+
+    issue_ms: float = 0.0
+    compute_slowdown: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("issue_ms", "compute_slowdown"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"OverlapCosts.{name}={v!r} is not valid: expected a non-negative finite number")
+
+
+def _slowed_end(t: float, work: float, comm_until: float, slowdown: float) -> float:
+    """End of ``work`` ms of compute started at ``t`` that runs ``1 + slowdown`` times slower until
+    ``comm_until`` (while collectives are in flight) and at full speed after."""
+    if slowdown <= 0.0 or comm_until <= t or work <= 0.0:
+        return t + work
+    stretched = work * (1.0 + slowdown)
+    if t + stretched <= comm_until:
+        return t + stretched
+    done_while_slow = (comm_until - t) / (1.0 + slowdown)
+    return comm_until + (work - done_while_slow)
 
 
 def group_key(group_name: str | None) -> str:
@@ -109,8 +137,116 @@ def check_durations(dag: Dag, durations: Sequence[float]) -> list[float]:
     return dur
 
 
-def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Timeline:
+class StreamClock:
+    """Simulated time of one compute stream and one FIFO stream per process group, advanced node by node
+    with the rules above.  ``simulate`` replays a whole order with it; the reordering policy advances it
+    while it builds an order, so its predictions are the simulator's.
+
+    now: the compute stream's time; busy: time it spent running nodes; exposed_total: time it spent blocked
+    on collectives (waits so far, plus ``finish``); per node id: issue / start / end as in ``Timeline``.
+    overlap: the host issue time and compute slowdown of ``OverlapCosts`` (default: overlapping is free).
+    """
+
+    __slots__ = ("durations", "now", "busy", "exposed_total", "stream_end", "comm_time", "issue", "start", "end",
+                 "issued", "exposed", "wait_blocked", "issue_ms", "slowdown")
+
+    def __init__(self, durations: list[float], groups: Iterable[str] = (), overlap: OverlapCosts | None = None):
+        if overlap is not None and not isinstance(overlap, OverlapCosts):
+            raise ValueError(f"overlap: expected OverlapCosts or None, got {type(overlap).__name__}")
+        n = len(durations)
+        self.issue_ms = overlap.issue_ms if overlap is not None else 0.0
+        self.slowdown = overlap.compute_slowdown if overlap is not None else 0.0
+        self.durations = durations
+        self.now = 0.0
+        self.busy = 0.0
+        self.exposed_total = 0.0
+        self.stream_end: dict[str, float] = {g: 0.0 for g in groups}
+        self.comm_time: dict[str, float] = {}
+        self.issue = [0.0] * n
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.issued = bytearray(n)
+        self.exposed: dict[int, float] = {}
+        self.wait_blocked: dict[int, float] = {}
+
+    def stream_free(self, group: str) -> float:
+        """When ``group``'s stream finishes everything issued so far."""
+        return self.stream_end.get(group, 0.0)
+
+    def issue_collective(self, c: int, group: str) -> float:
+        """Collective ``c`` is issued now on ``group``'s stream; returns when it ends."""
+        t = self.now
+        self.issue[c] = t
+        if self.issue_ms:  # the host is busy issuing it before it can start
+            t += self.issue_ms
+            self.busy += self.issue_ms
+            self.now = t
+        s = self.stream_end.get(group, 0.0)
+        if s < t:
+            s = t
+        d = self.durations[c]
+        e = s + d
+        self.start[c] = s
+        self.end[c] = e
+        self.stream_end[group] = e
+        self.comm_time[group] = self.comm_time.get(group, 0.0) + d
+        self.exposed[c] = 0.0
+        self.issued[c] = 1
+        return e
+
+    def run_wait(self, w: int, c: int) -> float:
+        """Wait ``w`` on collective ``c`` runs now: it blocks until ``c`` ends, then takes its own duration.
+        Returns the time it blocked."""
+        t = self.now
+        self.issue[w] = t
+        self.start[w] = t
+        ce = self.end[c]
+        blocked = ce - t if ce > t else 0.0
+        self.exposed[c] += blocked
+        self.exposed_total += blocked
+        self.wait_blocked[w] = blocked
+        t = self._run(t + blocked, self.durations[w])
+        self.end[w] = t
+        self.now = t
+        return blocked
+
+    def run_compute(self, i: int) -> None:
+        """Node ``i`` (not a collective, not a wait on one) runs now on the compute stream."""
+        t = self.now
+        self.issue[i] = t
+        self.start[i] = t
+        t = self._run(t, self.durations[i])
+        self.end[i] = t
+        self.now = t
+
+    def _run(self, t: float, work: float) -> float:
+        """End of ``work`` ms of compute started at ``t``, slowed while collectives are in flight."""
+        if self.slowdown > 0.0 and work > 0.0 and self.stream_end:
+            end = _slowed_end(t, work, max(self.stream_end.values()), self.slowdown)
+        else:
+            end = t + work
+        self.busy += end - t
+        return end
+
+    def finish(self, unwaited: Iterable[int]) -> float:
+        """The compute stream is done: the ``unwaited`` collectives (nobody waits on them) are exposed by
+        however long they run past its end.  Returns the makespan."""
+        compute_end = self.now
+        for c in unwaited:
+            if self.issued[c] and self.end[c] > compute_end:
+                late = self.end[c] - compute_end
+                self.exposed[c] = late
+                self.exposed_total += late
+        return max(compute_end, max(self.stream_end.values(), default=0.0))
+
+
+def simulate(
+    dag: Dag, order: Sequence[int], durations: Sequence[float], overlap: OverlapCosts | None = None
+) -> Timeline:
     """Timeline of running ``dag`` in ``order`` with ``durations`` (ms per node id).
+
+    ``overlap`` adds the host issue time of collectives and the compute slowdown while they run (see the
+    module docstring); without it overlapping is free.
 
     Raises ValueError if ``order`` is not a permutation, breaks a dependency or changes the issue order of
     a process group's collectives (every rank must issue the same sequence).
@@ -118,77 +254,41 @@ def simulate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> Time
     check_order(dag, order)
     dur = check_durations(dag, durations)
     nodes = dag.nodes
-    n = len(nodes)
-    kind = [_KIND_CODE[node.kind] for node in nodes]
-    group = [group_key(node.group_name) if k == _COLLECTIVE else "" for node, k in zip(nodes, kind)]
     waited = wait_collectives(dag)
-
-    issue = [0.0] * n
-    start = [0.0] * n
-    end = [0.0] * n
-    issued = bytearray(n)
-    stream_end: dict[str, float] = {}
-    comm_time: dict[str, float] = {}
-    exposed: dict[int, float] = {}
-    wait_blocked: dict[int, float] = {}
-    t = 0.0
-    busy = 0.0
+    clock = StreamClock(dur, overlap=overlap)
     for i in order:
-        k = kind[i]
-        d = dur[i]
-        issue[i] = t
-        if k == _COLLECTIVE:
-            g = group[i]
-            s = stream_end.get(g, 0.0)
-            if s < t:
-                s = t
-            e = s + d
-            start[i] = s
-            end[i] = e
-            stream_end[g] = e
-            comm_time[g] = comm_time.get(g, 0.0) + d
-            exposed[i] = 0.0
-            issued[i] = 1
+        node = nodes[i]
+        if node.kind is NodeKind.COLLECTIVE:
+            clock.issue_collective(i, group_key(node.group_name))
             continue
-        start[i] = t
-        if k == _WAIT:
-            c = waited[i]
-            if c >= 0:
-                if not issued[c]:
-                    raise ValueError(f"wait {nodes[i].name} runs before its collective {nodes[c].name}")
-                ce = end[c]
-                blocked = ce - t if ce > t else 0.0
-                exposed[c] += blocked
-                wait_blocked[i] = blocked
-                t += blocked
-        t += d
-        busy += d
-        end[i] = t
-
-    compute_end = t
-    makespan = max(compute_end, max(stream_end.values(), default=0.0))
-    has_wait = bytearray(n)
+        c = waited[i]
+        if c >= 0:
+            if not clock.issued[c]:
+                raise ValueError(f"wait {node.name} runs before its collective {nodes[c].name}")
+            clock.run_wait(i, c)
+        else:
+            clock.run_compute(i)
+    compute_end = clock.now
+    has_wait = bytearray(len(nodes))
     for c in waited:
         if c >= 0:
             has_wait[c] = 1
-    for c in exposed:
-        if not has_wait[c] and end[c] > compute_end:
-            exposed[c] = end[c] - compute_end
+    makespan = clock.finish(c for c in clock.exposed if not has_wait[c])
 
-    memory = memory_curve(dag, order)
+    memory = memory_curve(dag, order, waited)
     return Timeline(
         order=list(order),
-        issue=issue,
-        start=start,
-        end=end,
+        issue=clock.issue,
+        start=clock.start,
+        end=clock.end,
         makespan=makespan,
         compute_end=compute_end,
-        compute_busy=busy,
-        compute_idle=makespan - busy,
-        exposed=exposed,
-        exposed_total=sum(exposed.values()),
-        wait_blocked=wait_blocked,
-        comm_time=comm_time,
+        compute_busy=clock.busy,
+        compute_idle=makespan - clock.busy,
+        exposed=clock.exposed,
+        exposed_total=sum(clock.exposed.values()),
+        wait_blocked=clock.wait_blocked,
+        comm_time=clock.comm_time,
         memory=memory,
         peak_memory=max(memory, default=0),
         lower_bound=lower_bound(dag, dur),

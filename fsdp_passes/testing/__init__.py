@@ -22,6 +22,7 @@ from .models import (
     simple_fsdp,
 )
 from .process_group import fake_process_group
+from ..inductor.failure_injection import inject_failure
 
 __all__ = [
     "DagBuilder",
@@ -42,4 +43,5 @@ __all__ = [
     "fsdp_params",
     "simple_fsdp",
     "fake_process_group",
+    "inject_failure",
 ]

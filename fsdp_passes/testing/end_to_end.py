@@ -33,7 +33,7 @@ def _dag(capture: SchedulerCapture, which: str) -> Any:
 
 
 def _per_group(dag: Any) -> dict[str, list[str]]:
-    from ..report import collective_sequence
+    from ..pipeline.report import collective_sequence
 
     out: dict[str, list[str]] = {}
     for item in collective_sequence(dag):

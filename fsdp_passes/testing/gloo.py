@@ -34,12 +34,9 @@ def _rank_main(rank: int, world_size: int, port: int, timeout: float, fn: Callab
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    try:
-        import torch._inductor.config as inductor_config
+    from ..inductor.install import set_compile_threads
 
-        inductor_config.compile_threads = 1
-    except Exception:  # pragma: no cover - inductor missing is not fatal here
-        pass
+    set_compile_threads(1)
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,

@@ -1,7 +1,8 @@
-"""SimpleFSDP-style models for tests: dim-0 parameter shards gathered in ``forward`` by functional collectives.
+"""Models for tests, sharded by :func:`fsdp_passes.data_parallel` (SimpleFSDP style).
 
-``simple_fsdp(module)`` replaces every parameter by this rank's dim-0 shard and makes attribute access
-(``self.weight``) return the all-gathered parameter, so that ``torch.compile`` sees, per parameter,
+``simple_fsdp(module)`` is ``data_parallel`` over one process group with gradients summed over ranks: every
+parameter becomes a ``DTensor`` (``Shard(0)``) whose padded local shard attribute access (``self.weight``)
+all-gathers, so that ``torch.compile`` sees, per parameter,
 
 * forward: ``[_to_copy] -> all_gather_into_tensor -> wait_tensor``;
 * backward: ``reduce_scatter_tensor -> wait_tensor`` of the gradient (and, with
@@ -19,7 +20,6 @@ for the data-parallel mean.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
@@ -43,58 +43,45 @@ __all__ = [
     "build_tp_mlp",
 ]
 
-#: Key inside ``node.meta["custom"]`` naming the parameter FQN a gather / reduce-scatter belongs to.
-FSDP_PARAM_META_KEY = "fsdp_param"
-
-_MODES = ("functional", "dtensor")
+from ..frontend import FSDP_PARAM_META_KEY, FSDPParam, MixedPrecisionPolicy, data_parallel, sharded_params
 
 
-@dataclass(frozen=True)
-class FSDPParam:
-    """One sharded parameter: where it lives and how it is split."""
+def simple_fsdp(
+    module: nn.Module,
+    *,
+    group: Optional[dist.ProcessGroup] = None,
+    reshard_after_forward: bool = True,
+    param_dtype: Optional[torch.dtype] = None,
+    reduce_dtype: Optional[torch.dtype] = None,
+    reduce_scatter_group: Any = None,
+) -> nn.Module:
+    """:func:`fsdp_passes.data_parallel` (``mode="fully_shard"``) over ``group`` (default: the world group), with
+    gradients summed over ranks; returns ``module``.
 
-    fqn: str  #: parameter FQN in the root module, e.g. ``"layers.0.fc1.weight"``
-    module_fqn: str  #: owning module FQN, e.g. ``"layers.0.fc1"`` (``""`` for the root)
-    name: str  #: attribute name on the owning module, e.g. ``"weight"``
-    full_shape: tuple[int, ...]  #: shape of the gathered parameter
-    shard_shape: tuple[int, ...]  #: shape of the stored shard (dim 0 divided by the world size)
-    orig_dtype: torch.dtype  #: dtype of the stored shard
-    param_dtype: Optional[torch.dtype]  #: dtype the shard is cast to before the gather (None: no cast)
-    reduce_dtype: Optional[torch.dtype]  #: dtype of the gradient reduce-scatter (None: the gather dtype)
-    group_name: str  #: process group name, as it appears in the collectives' arguments
-    world_size: int
-    #: HSDP: the replicate group's name; gradients are all-reduced over it after the reduce-scatter (None: no HSDP)
-    replicate_group_name: Optional[str] = None
-
-
-# --------------------------------------------------------------------------------------------------
-# The gather: functional collectives, optional mixed precision, optional recompute in backward.
-# --------------------------------------------------------------------------------------------------
-
-def _ag_wait(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
-    out = torch.ops._c10d_functional.all_gather_into_tensor(x.contiguous(), group_size, group_name)
-    return torch.ops._c10d_functional.wait_tensor(out)
+    param_dtype: cast the shard to this dtype before the all-gather (None: no cast); floating-point
+        positional inputs of ``module`` are cast to it too.
+    reduce_dtype: reduce-scatter gradients in this dtype (None: the gathered parameter's dtype).
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("simple_fsdp: no default process group (use fsdp_passes.testing.fake_process_group)")
+    return data_parallel(module, _mesh_of(group), reshard_after_forward=reshard_after_forward,
+                         mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                         reduce_scatter_group=reduce_scatter_group, gradient_divide_factor=1.0)
 
 
-class _GatherReduceInDtype(torch.autograd.Function):
-    """All-gather ``shard`` (cast to ``param_dtype``); backward reduce-scatters the gradient in ``reduce_dtype``."""
+def _mesh_of(group: Optional[dist.ProcessGroup]) -> Any:
+    from torch.distributed.device_mesh import DeviceMesh
 
-    @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, param_dtype: Optional[torch.dtype], reduce_dtype: torch.dtype,
-                group_size: int, group_name: str) -> torch.Tensor:  # type: ignore[override]
-        ctx.shard_dtype = shard.dtype
-        ctx.reduce_dtype = reduce_dtype
-        ctx.group_size = group_size
-        ctx.group_name = group_name
-        x = shard if param_dtype is None else shard.to(param_dtype)
-        return _ag_wait(x, group_size, group_name)
+    group = group if group is not None else dist.group.WORLD
+    return DeviceMesh.from_group(group, "cpu", mesh=torch.tensor(dist.get_process_group_ranks(group)))
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
-        g = grad.to(ctx.reduce_dtype).contiguous()
-        rs = torch.ops._c10d_functional.reduce_scatter_tensor(g, "sum", ctx.group_size, ctx.group_name)
-        out = torch.ops._c10d_functional.wait_tensor(rs)
-        return out.to(ctx.shard_dtype), None, None, None, None
+
+def fsdp_params(module: nn.Module) -> dict[str, FSDPParam]:
+    """The sharded parameters of a :func:`simple_fsdp` / ``data_parallel`` module, by FQN."""
+    infos = sharded_params(module)
+    if not infos:
+        raise ValueError("fsdp_params: module was not converted with simple_fsdp / data_parallel")
+    return infos
 
 
 class _AllReduceGrad(torch.autograd.Function):
@@ -124,208 +111,6 @@ class _AllReduceForward(torch.autograd.Function):
         return grad, None
 
 
-def _reshard_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import CheckpointPolicy
-
-    if op in (
-        torch.ops._c10d_functional.all_gather_into_tensor.default,
-        torch.ops._c10d_functional.wait_tensor.default,
-        torch.ops.aten._to_copy.default,
-    ):
-        return CheckpointPolicy.MUST_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE
-
-
-def _reshard_context() -> Any:
-    from torch.utils.checkpoint import create_selective_checkpoint_contexts
-
-    return create_selective_checkpoint_contexts(_reshard_policy)
-
-
-class _Gather:
-    """Shard -> full parameter, for one parameter (not a module: it must not change FQNs)."""
-
-    def __init__(self, info: FSDPParam, reshard_after_forward: bool, mode: str, mesh: Any) -> None:
-        self.info = info
-        self.reshard_after_forward = reshard_after_forward
-        self.mode = mode
-        self.mesh = mesh
-
-    def _functional(self, shard: torch.Tensor) -> torch.Tensor:
-        i = self.info
-        if i.replicate_group_name is not None:
-            shard = _AllReduceGrad.apply(shard, i.replicate_group_name)
-        gather_dtype = i.param_dtype or shard.dtype
-        if i.reduce_dtype is not None and i.reduce_dtype != gather_dtype:
-            return _GatherReduceInDtype.apply(shard, i.param_dtype, i.reduce_dtype, i.world_size, i.group_name)
-        x = shard if i.param_dtype is None else shard.to(i.param_dtype)
-        return _ag_wait(x, i.world_size, i.group_name)
-
-    def _dtensor(self, shard: torch.Tensor) -> torch.Tensor:
-        from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
-
-        i = self.info
-        x = shard if i.param_dtype is None else shard.to(i.param_dtype)
-        d = DTensor.from_local(x, self.mesh, [Shard(0)], run_check=False, shape=torch.Size(i.full_shape),
-                               stride=_contiguous_stride(i.full_shape))
-        return d.redistribute(self.mesh, [Replicate()]).to_local(grad_placements=[Partial()])
-
-    def gather(self, shard: torch.Tensor) -> torch.Tensor:
-        return self._functional(shard) if self.mode == "functional" else self._dtensor(shard)
-
-    def __call__(self, shard: torch.Tensor) -> torch.Tensor:
-        with torch.fx.traceback.annotate({FSDP_PARAM_META_KEY: self.info.fqn}):
-            if self.reshard_after_forward and torch.is_grad_enabled() and shard.requires_grad:
-                from torch.utils.checkpoint import checkpoint
-
-                return checkpoint(self.gather, shard, use_reentrant=False, context_fn=_reshard_context)
-            return self.gather(shard)
-
-
-def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return tuple(reversed(stride))
-
-
-def _make_property(name: str) -> property:
-    def get(self: nn.Module) -> torch.Tensor:
-        return self._fsdp_gathers[name](self._parameters[name])
-
-    def set_(self: nn.Module, value: Any) -> None:
-        raise AttributeError(f"{name} is a SimpleFSDP-sharded parameter; assign to ._parameters[{name!r}] instead")
-
-    return property(get, set_)
-
-
-_CLASS_CACHE: dict[tuple[type, tuple[str, ...]], type] = {}
-
-
-def _sharded_class(cls: type, names: tuple[str, ...]) -> type:
-    key = (cls, names)
-    if key not in _CLASS_CACHE:
-        attrs = {n: _make_property(n) for n in names}
-        attrs["_fsdp_sharded_names"] = names
-        _CLASS_CACHE[key] = type(f"SimpleFSDP{cls.__name__}", (cls,), attrs)
-    return _CLASS_CACHE[key]
-
-
-def simple_fsdp(
-    module: nn.Module,
-    *,
-    group: Optional[dist.ProcessGroup] = None,
-    mesh: Any = None,
-    reshard_after_forward: bool = True,
-    param_dtype: Optional[torch.dtype] = None,
-    reduce_dtype: Optional[torch.dtype] = None,
-    mode: str = "functional",
-    replicate_group: Optional[dist.ProcessGroup] = None,
-) -> nn.Module:
-    """Shard ``module``'s parameters over ``group`` (default: the world group) in place and return it.
-
-    Each parameter becomes an ``nn.Parameter`` holding this rank's dim-0 shard (dim 0 must be divisible by
-    the world size: ``ValueError`` otherwise); reading the attribute inside ``forward`` all-gathers it.
-
-    reshard_after_forward: free the gathered parameter after forward and gather again in backward
-        (selective activation checkpointing that recomputes gather, wait and casts, saves the rest).
-    param_dtype: cast the shard to this dtype before the all-gather (None: no cast); floating-point
-        positional inputs of ``module`` are cast to it too.
-    reduce_dtype: reduce-scatter gradients in this dtype (None: the gathered parameter's dtype).
-    mode: ``"functional"`` (``_c10d_functional`` ops) or ``"dtensor"`` (``DTensor.redistribute`` to
-        ``Replicate`` with ``Partial`` gradient placements, like torchtitan's SimpleFSDP).
-    mesh: a 1-D ``DeviceMesh`` for ``mode="dtensor"`` (default: one over ``group``'s ranks).
-    replicate_group: HSDP (``mode="functional"`` only): parameters are sharded over ``group`` and replicated
-        over ``replicate_group``; the reduce-scattered gradient shards are all-reduced (sum) over it.  See
-        :func:`hsdp` for a 2-D mesh.
-    """
-    if mode not in _MODES:
-        raise ValueError(f"simple_fsdp: mode={mode!r}, expected one of {_MODES}")
-    if not dist.is_initialized():
-        raise RuntimeError("simple_fsdp: no default process group (use fsdp_passes.testing.fake_process_group)")
-    if getattr(module, "_fsdp_params", None) is not None:
-        raise ValueError("simple_fsdp: module is already sharded")
-    if mode == "dtensor" and reduce_dtype is not None and reduce_dtype != (param_dtype or reduce_dtype):
-        raise ValueError("simple_fsdp: reduce_dtype different from param_dtype needs mode='functional'")
-    if mesh is not None:
-        if mode != "dtensor":
-            raise ValueError("simple_fsdp: mesh= is only used with mode='dtensor'")
-        if mesh.ndim != 1:
-            raise ValueError("simple_fsdp: mesh must be 1-D")
-        group = mesh.get_group()
-    if replicate_group is not None and mode != "functional":
-        raise ValueError("simple_fsdp: replicate_group= (HSDP) needs mode='functional'")
-    group = group if group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
-    rank = dist.get_rank(group)
-    group_name = group.group_name
-    if mode == "dtensor" and mesh is None:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        ranks = dist.get_process_group_ranks(group)
-        mesh = DeviceMesh.from_group(group, "cpu", mesh=torch.tensor(ranks))
-
-    infos: dict[str, FSDPParam] = {}
-    for mod_fqn, mod in list(module.named_modules()):
-        names = tuple(n for n, p in mod._parameters.items() if p is not None)
-        if not names:
-            continue
-        gathers = {}
-        for name in names:
-            p = mod._parameters[name]
-            fqn = f"{mod_fqn}.{name}" if mod_fqn else name
-            if p.dim() == 0 or p.shape[0] % world != 0:
-                raise ValueError(
-                    f"simple_fsdp: parameter {fqn} of shape {tuple(p.shape)}: dim 0 must be divisible by the "
-                    f"world size {world} (no padding is done)"
-                )
-            shard = p.detach().chunk(world, dim=0)[rank].clone()
-            info = FSDPParam(
-                fqn=fqn, module_fqn=mod_fqn, name=name, full_shape=tuple(p.shape), shard_shape=tuple(shard.shape),
-                orig_dtype=p.dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype, group_name=group_name,
-                world_size=world,
-                replicate_group_name=replicate_group.group_name if replicate_group is not None else None,
-            )
-            mod._parameters[name] = nn.Parameter(shard, requires_grad=p.requires_grad)
-            gathers[name] = _Gather(info, reshard_after_forward, mode, mesh)
-            infos[fqn] = info
-        mod._fsdp_gathers = gathers
-        mod.__class__ = _sharded_class(type(mod), names)
-    module._fsdp_params = infos
-    if param_dtype is not None:
-        # Cast inputs inside forward (not in a hook), so that Dynamo traces it into the same frame.
-        module._fsdp_input_dtype = param_dtype
-        module.__class__ = _input_cast_class(type(module))
-    return module
-
-
-def _cast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    dtype = self._fsdp_input_dtype
-
-    def cast(a: Any) -> Any:
-        return a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-
-    return super(self._fsdp_cast_class, self).forward(*[cast(a) for a in args],
-                                                      **{k: cast(v) for k, v in kwargs.items()})
-
-
-def _input_cast_class(cls: type) -> type:
-    key = (cls, ("<input cast>",))
-    if key not in _CLASS_CACHE:
-        new = type(cls.__name__ if cls.__name__.startswith("SimpleFSDP") else f"SimpleFSDP{cls.__name__}", (cls,),
-                   {"forward": _cast_forward})
-        new._fsdp_cast_class = new
-        _CLASS_CACHE[key] = new
-    return _CLASS_CACHE[key]
-
-
-def fsdp_params(module: nn.Module) -> dict[str, FSDPParam]:
-    """The sharded parameters of a :func:`simple_fsdp` module, by FQN (in ``named_parameters`` order)."""
-    infos = getattr(module, "_fsdp_params", None)
-    if infos is None:
-        raise ValueError("fsdp_params: module was not converted with simple_fsdp")
-    return dict(infos)
 
 
 def fsdp_param_of(node: torch.fx.Node) -> Optional[str]:
@@ -516,7 +301,10 @@ def hsdp(module: nn.Module, mesh: Any, **fsdp_options: Any) -> nn.Module:
     group, gradients reduce-scattered there and then all-reduced over the replicate group."""
     if mesh.ndim != 2:
         raise ValueError(f"hsdp: expected a 2-D mesh (replicate, shard), got {mesh.ndim}-D")
-    return simple_fsdp(module, group=mesh.get_group(1), replicate_group=mesh.get_group(0), **fsdp_options)
+    return data_parallel(module, mesh, mode="hybrid_shard", reshard_after_forward=fsdp_options.pop("reshard_after_forward", True),
+                         mp_policy=MixedPrecisionPolicy(param_dtype=fsdp_options.pop("param_dtype", None),
+                                                        reduce_dtype=fsdp_options.pop("reduce_dtype", None)),
+                         gradient_divide_factor=1.0, **fsdp_options)
 
 
 class TPBlock(nn.Module):

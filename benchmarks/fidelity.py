@@ -1,0 +1,376 @@
+"""Predicted vs measured: does the cost model + simulator predict real steps on the emulated cluster?
+
+Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespaces, a veth pair capped by
+``tc tbf``, one gloo rank per namespace, one compute thread each).  Per run:
+
+1. **Collective sweep** on the link (``fsdp_passes.cost_model.calibrate.calibrate``): all-gather,
+   reduce-scatter, all-reduce over sizes; each is compared with the uncalibrated link profile's prediction.
+2. **One profiled step** of the compiled model without passes (``torch.profiler``, Inductor's kernel
+   profiling on) -> ``calibrate_from_trace(trace, base=sweep)``: the calibration every configuration plans with.
+3. For each configuration the passes plan with that calibration; the **predicted step** is the sum of the
+   graphs' simulated makespans as the scheduler pass reports them (``makespan_ms_after``), and, re-simulated
+   from the pass's dumps, the same with overlap costs (host issue time, compute slowdown) measured on this
+   link (``overlap_costs.measure_overlap``) and with the ``cpu-gloo`` profile's (measured on loopback);
+   the **measured step** is the median of round-robin timed steps (slower rank).
+
+Configurations: ``none`` (no bucketing, no reordering), ``manual`` (a bucket per block + reordering),
+``auto`` (the planner's choice + reordering), ``reorder_only`` (no bucketing, reordering).
+
+    sudo python benchmarks/fidelity.py                     # full run -> benchmarks/results/fidelity.json
+    sudo python benchmarks/fidelity.py --smoke --out /tmp/fidelity_smoke.json
+
+Needs root, ``ip`` and ``tc``; the namespaces are deleted on every exit path.  Targets (benchmark targets,
+not test assertions): every configuration within 15 %; the ranking by prediction equals the measured
+ranking; auto's choice is the measured fastest within 5 %; every collective size within 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import emulated_cluster as ec  # benchmarks/ is this script's folder, so it is on sys.path
+from overlap_costs import measure_overlap
+
+REPO = ec.REPO
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "fidelity.json"
+CONFIGS = ("none", "manual", "auto", "reorder_only")
+OPS = ("all_gather", "reduce_scatter", "all_reduce")
+FULL_SIZES = [2**10 * 4**k for k in range(9)]  # 1 KiB .. 64 MiB
+SMOKE_SIZES = [2**10, 2**16]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", default="400mbit", help="tbf rate of each veth end (tc syntax), default 400mbit")
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--dim", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1792, help="rows per rank (default 1792: compute ~ communication)")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per configuration")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--sweep-iters", type=int, default=5, help="timed iterations per collective size")
+    p.add_argument("--memory-budget", default="100%")
+    p.add_argument("--smoke", action="store_true", help="tiny model, 2 sizes, 2 steps (quick check)")
+    p.add_argument("--out", default=None, help=f"JSON output (default {DEFAULT_OUT.relative_to(REPO)})")
+    p.add_argument("--prefix", default="fsdpfid", help="namespace name prefix")
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--params-json", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.sizes = FULL_SIZES
+    if args.smoke:
+        args.layers, args.dim, args.hidden, args.batch = 2, 64, 128, 16
+        args.steps, args.warmup, args.sweep_iters, args.sizes = 2, 1, 2, SMOKE_SIZES
+    if args.timeout is None:
+        args.timeout = 400.0 if args.smoke else 3600.0
+    return args
+
+
+# ==================================================================================================
+# Launcher
+# ==================================================================================================
+
+def launch(args: argparse.Namespace) -> int:
+    why = ec.requirements_missing()
+    if why:
+        print(f"fidelity: {why}", file=sys.stderr)
+        return 2
+    out_path = Path(args.out) if args.out else DEFAULT_OUT
+    cache_dir = args.cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/tmp/fsdp_passes_bench_inductor"
+    work = Path(tempfile.mkdtemp(prefix="fidelity_"))
+    cluster = ec.Cluster(args.prefix, args.rate, script=Path(__file__))
+    load_start = os.getloadavg()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    atexit.register(cluster.close)
+    try:
+        ec.remove_stale_namespaces(args.prefix)
+        try:
+            cluster.open()
+        except RuntimeError as e:
+            print(f"fidelity: cannot set up the namespaces: {e}", file=sys.stderr)
+            return 3
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+        params = work / "params.json"
+        params.write_text(json.dumps({**vars(args), "work": str(work)}, default=str))
+        logs = [work / f"rank{r}.log" for r in range(2)]
+        results = [work / f"rank{r}.json" for r in range(2)]
+        procs = [cluster.spawn(r, ["--rank", str(r), "--params-json", str(params), "--result-file",
+                                   str(results[r])], env, logs[r]) for r in range(2)]
+        print(f"fidelity: namespaces {', '.join(cluster.namespaces)}; link {args.rate}; logs in {work}", flush=True)
+        deadline = time.monotonic() + args.timeout
+        while any(p.poll() is None for p in procs):
+            if time.monotonic() > deadline:
+                print(f"fidelity: ranks did not finish within {args.timeout:.0f} s", file=sys.stderr)
+                ec._print_tail(logs)
+                return 4
+            if any(p.poll() not in (None, 0) for p in procs):
+                time.sleep(2)
+                break
+            time.sleep(0.2)
+        bad = [r for r, p in enumerate(procs) if p.poll() != 0 or not results[r].exists()]
+        if bad:
+            print(f"fidelity: rank(s) {bad} failed", file=sys.stderr)
+            ec._print_tail(logs)
+            return 5
+        ranks = [json.loads(r.read_text()) for r in results]
+        summary = summarize(args, ranks)
+        summary["command"] = " ".join(["python", "benchmarks/fidelity.py", *sys.argv[1:]])
+        summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
+        summary["git"] = ec._git_describe()
+        summary["load_avg_start"], summary["load_avg_end"] = load_start, os.getloadavg()
+        print_table(summary)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(summary, indent=2) + "\n")
+        print(f"wrote {out_path}")
+        return 0
+    finally:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        cluster.close()
+        for s, h in previous.items():
+            signal.signal(s, h)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _ranking(values: dict[str, float]) -> list[str]:
+    return [k for k, _ in sorted(values.items(), key=lambda kv: kv[1])]
+
+
+def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
+    r0 = ranks[0]
+    configs: dict[str, Any] = {}
+    for name in CONFIGS:
+        times = [max(a, b) for a, b in zip(ranks[0]["times"][name], ranks[1]["times"][name])]
+        measured = statistics.median(times) * 1e3
+        pred = r0["predicted"][name]
+        configs[name] = {
+            "measured_median_ms": measured, "measured_ms": [t * 1e3 for t in times],
+            "predicted_ms": pred["step_ms"], "predicted_with_overlap_costs_ms": pred["step_with_overlap_ms"],
+            "predicted_with_profile_overlap_costs_ms": pred["step_with_profile_overlap_ms"],
+            "predicted_graphs_ms": pred["graphs_ms"], "error": pred["step_ms"] / measured - 1.0,
+            "error_with_overlap_costs": pred["step_with_overlap_ms"] / measured - 1.0,
+            "reports": pred["reports"],
+        }
+    measured = {n: c["measured_median_ms"] for n, c in configs.items()}
+    predicted = {n: c["predicted_ms"] for n, c in configs.items()}
+    fastest = min(measured.values())
+    targets = {
+        "every_configuration_within_15pct": all(abs(c["error"]) <= 0.15 for c in configs.values()),
+        "ranking_by_prediction_equals_measured": _ranking(predicted) == _ranking(measured),
+        "auto_within_5pct_of_measured_fastest": measured["auto"] <= 1.05 * fastest,
+    }
+    collectives = r0["collectives"]
+    targets["every_collective_within_15pct"] = all(abs(row["error"]) <= 0.15 for row in collectives)
+    return {
+        "machine": r0["machine"], "model": r0["model"], "smoke": args.smoke, "steps": args.steps,
+        "configs": configs, "ranking_predicted": _ranking(predicted), "ranking_measured": _ranking(measured),
+        "collectives": collectives, "targets": targets, "calibration": r0["calibration"],
+        "profile": r0["profile"], "overlap_measured_on_link": r0["overlap_measured_on_link"],
+    }
+
+
+def print_table(s: dict) -> None:
+    print(f"\n{'configuration':<14}{'predicted ms':>14}{'+overlap ms':>13}{'measured ms':>13}{'error':>9}")
+    for name, c in s["configs"].items():
+        print(f"{name:<14}{c['predicted_ms']:>14.1f}{c['predicted_with_overlap_costs_ms']:>13.1f}"
+              f"{c['measured_median_ms']:>13.1f}{c['error']:>+9.1%}")
+    print(f"ranking predicted: {s['ranking_predicted']}; measured: {s['ranking_measured']}")
+    print(f"\n{'collective':<16}{'bytes':>11}{'predicted ms':>14}{'measured ms':>13}{'error':>9}")
+    for row in s["collectives"]:
+        print(f"{row['op']:<16}{row['bytes']:>11}{row['predicted_ms']:>14.3f}{row['measured_ms']:>13.3f}"
+              f"{row['error']:>+9.1%}")
+    for name, met in s["targets"].items():
+        print(f"  {'MET   ' if met else 'MISSED'} {name}")
+
+
+# ==================================================================================================
+# Rank
+# ==================================================================================================
+
+def rank_main(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(1)
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    inductor_config.compile_threads = 1
+    params = json.loads(Path(args.params_json).read_text())
+    for key in ("layers", "dim", "hidden", "batch", "steps", "warmup", "sweep_iters", "memory_budget", "rate",
+                "sizes", "work", "smoke"):
+        setattr(args, key, params[key])
+    dist.init_process_group("gloo", init_method="env://", rank=args.rank, world_size=2,
+                            timeout=timedelta(seconds=900))
+    try:
+        out = _benchmark(args, args.rank)
+        Path(args.result_file).write_text(json.dumps(out))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _sweep(args: argparse.Namespace, profile: Any) -> tuple[Any, list[dict]]:
+    from fsdp_passes.cost_model import collective_ms
+    from fsdp_passes.cost_model.calibrate import calibrate
+    from fsdp_passes.dag import CollectiveOp
+
+    cal = calibrate(sizes=args.sizes, iters=args.sweep_iters, warmup=1, ops=[CollectiveOp(o) for o in OPS])
+    rows = []
+    for op in OPS:
+        for nbytes, ms in cal.points(op, 2):
+            pred = collective_ms(op, nbytes, 2, profile)
+            rows.append({"op": op, "bytes": nbytes, "measured_ms": ms, "predicted_ms": pred, "error": pred / ms - 1})
+    return cal, rows
+
+
+def _benchmark(args: argparse.Namespace, rank: int) -> dict:
+    import torch
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    import fsdp_passes
+    from fsdp_passes.cost_model import Calibration, CostModel, calibrate_from_trace, load_profile
+    from fsdp_passes.debug.dag_json import read_dag_json
+    from fsdp_passes.simulate import OverlapCosts, simulate
+    from fsdp_passes.testing import build_mlp
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch, args.dim, generator=gen)
+    box = [ec._measure_gflops() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    cluster = ec._link_profile(args.rate, box[0])
+    link = load_profile(cluster)
+
+    # 1. collective sweep (agreed across ranks by calibrate()) and the overlap terms on this link
+    sweep_cal, collectives = _sweep(args, link)
+    box = [measure_overlap(1 if args.smoke else 4, 2 if args.smoke else 5)]
+    dist.broadcast_object_list(box, src=0)
+    link_overlap = box[0]
+
+    def make_step(name: str, model: torch.nn.Module) -> Any:
+        def loss_fn(inp: torch.Tensor) -> torch.Tensor:
+            return model(inp).square().mean()
+
+        loss_fn.__code__ = loss_fn.__code__.replace(co_name=f"loss_{name}")  # one Dynamo cache per config
+        fn = torch.compile(loss_fn)
+
+        def step() -> float:
+            for p in model.parameters():
+                p.grad = None
+            loss = fn(x)
+            loss.backward()
+            return loss.item()
+
+        return step
+
+    model_kwargs = dict(n_layers=args.layers, dim=args.dim, hidden=args.hidden, seed=0)
+    # 2. one profiled step of the compiled model without passes, C++ kernels named in the trace
+    trace = Path(args.work) / f"trace_rank{rank}.json"
+    inductor_config.cpp.enable_kernel_profile = True
+    try:
+        with fsdp_passes.enabled(bucketing="none", reorder=False, cluster=cluster):
+            step = make_step("profiled", build_mlp(**model_kwargs))
+            for _ in range(args.warmup):
+                step()
+            dist.barrier()
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                step()
+    finally:
+        inductor_config.cpp.enable_kernel_profile = False
+    prof.export_chrome_trace(str(trace))
+    # both ranks must plan with the same calibration: rank 0's
+    box = [calibrate_from_trace(trace, base=sweep_cal).to_json() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    calibration = Calibration.from_json(box[0])
+    cal_path = Path(args.work) / f"calibration_rank{rank}.json"
+    calibration.save(cal_path)
+    overlaps = {
+        "link": OverlapCosts(issue_ms=link_overlap["collective_issue_us"] / 1e3,
+                             compute_slowdown=link_overlap["compute_slowdown_during_comm"]),
+        "profile": CostModel(link, calibration).overlap_costs(),
+    }
+
+    base = dict(cluster=cluster, calibration=str(cal_path), memory_budget=args.memory_budget)
+    options = {
+        "none": dict(base, bucketing="none", reorder=False),
+        "manual": dict(base, bucketing="manual", bucket_plan=[f"layers.[0-{args.layers - 1}]"],
+                       reorder=True),
+        "auto": dict(base, bucketing="auto", reorder=True),
+        "reorder_only": dict(base, bucketing="none", reorder=True),
+    }
+    steps: dict[str, Any] = {}
+    predicted: dict[str, Any] = {}
+    for name in CONFIGS:  # compile + predict one configuration at a time
+        debug_dir = Path(args.work) / f"dump_{name}_rank{rank}"
+        fsdp_passes.last_reports(clear=True)
+        with fsdp_passes.enabled(**options[name], debug_dir=str(debug_dir)):
+            steps[name] = make_step(name, build_mlp(**model_kwargs))
+            for _ in range(args.warmup):
+                dist.barrier()
+                steps[name]()
+        reports = [r for r in fsdp_passes.last_reports() if r.pass_name == "scheduler"]
+        if len(reports) != 2 or any(r.fallback for r in reports):
+            raise RuntimeError(f"{name}: expected a forward and a backward scheduler report: "
+                               f"{[r.one_line() for r in reports]}")
+        with_overlap = {k: 0.0 for k in overlaps}
+        for dump in sorted(debug_dir.rglob("dag.json")):
+            d = read_dag_json(dump)
+            for k, costs in overlaps.items():
+                with_overlap[k] += simulate(d.dag, d.after, d.durations, overlap=costs).makespan
+        predicted[name] = {"graphs_ms": {r.graph: r.makespan_ms_after for r in reports},
+                           "step_ms": sum(r.makespan_ms_after for r in reports),
+                           "step_with_overlap_ms": with_overlap["link"],
+                           "step_with_profile_overlap_ms": with_overlap["profile"],
+                           "reports": [r.one_line() for r in reports]}
+        print(f"rank {rank}: {name} predicted {predicted[name]['step_ms']:.1f} ms", flush=True)
+    times: dict[str, list[float]] = {n: [] for n in CONFIGS}
+    for i in range(args.steps):
+        k = i % len(CONFIGS)
+        for name in CONFIGS[k:] + CONFIGS[:k]:  # round robin, rotating which configuration goes first
+            dist.barrier()
+            t0 = time.perf_counter()
+            steps[name]()
+            times[name].append(time.perf_counter() - t0)
+        if rank == 0:
+            print(f"step {i}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
+    return {
+        "rank": rank, "times": times, "predicted": predicted, "collectives": collectives,
+        "machine": ec._machine(), "profile": link.to_dict(), "overlap_measured_on_link": link_overlap,
+        "calibration": {"collective_tables": len(calibration.collective_keys()),
+                        "kernels": len(calibration.kernel_keys()), "meta": calibration.meta},
+        "model": {"kind": "MLP (fsdp_passes.testing.build_mlp), fp32, reshard after forward",
+                  "layers": args.layers, "dim": args.dim, "hidden": args.hidden, "batch": args.batch},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rank is not None:
+        return rank_main(args)
+    return launch(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

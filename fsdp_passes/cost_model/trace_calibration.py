@@ -1,0 +1,257 @@
+"""A calibration from a profiled training step: ``calibrate_from_trace(path)``.
+
+Reads the Chrome trace ``torch.profiler`` writes (``prof.export_chrome_trace``) of one or more steps of a
+compiled model and measures:
+
+* **Compiled kernels**, keyed like ``DagNode.kernel_key`` so the scheduler pass finds them:
+  generated kernels by their name stem (``graph_0_cpp_fused_relu_sum_3`` / ``triton_poi_fused_relu_sum_3``
+  -> ``fused_relu_sum``; Inductor's C++ kernels appear in a CPU trace only with
+  ``torch._inductor.config.cpp.enable_kernel_profile = True``), aten extern kernels of a CPU trace by op
+  and input shapes (``aten::mm`` with ``record_shapes=True`` -> ``aten.mm float32[8,64];...``).
+  When the trace has device kernels (CUDA: ``cat == "kernel"`` on stream tracks) only those are timed.
+  Each key gets the median of its occurrences.
+* **Collectives**, by op, size (the cost model's byte convention) and group size: the time a collective
+  ran, which is the device-side event: gloo's ``gloo:all_gather`` / ``gloo:all_reduce`` on its worker
+  thread, NCCL's ``ncclDevKernel_*`` kernels.  Each is paired, in issue order, with the
+  ``_c10d_functional::*`` op that issued it, which says what it was (gloo runs a tensor reduce-scatter as
+  an all-reduce), its input shape and group size.  NCCL kernels that carry ``Collective name`` / ``In msg
+  nelems`` / ``Group size`` arguments are read directly.
+
+Everything else (views, copies, the autograd engine) is ignored.  Several steps in one trace are fine (more
+samples); a trace of several processes is read per process id and merged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Union
+
+from ..dag.graph import CollectiveOp
+from .calibration import Calibration
+
+__all__ = ["calibrate_from_trace", "kernel_stem"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+_COMPILED_CALL = "## Call CompiledFxGraph"
+_GENERATED = re.compile(r"^(?:graph_\d+_)?(?:cpp|triton(?:_[a-z]+)?)_(fused(?:_\w*?)?)_\d+$")
+_ISSUE_OPS = {
+    "_c10d_functional::all_gather_into_tensor": CollectiveOp.ALL_GATHER,
+    "_c10d_functional::all_gather_into_tensor_out": CollectiveOp.ALL_GATHER,
+    "_c10d_functional::reduce_scatter_tensor": CollectiveOp.REDUCE_SCATTER,
+    "_c10d_functional::all_reduce": CollectiveOp.ALL_REDUCE,
+    "_c10d_functional::all_reduce_": CollectiveOp.ALL_REDUCE,
+    "_c10d_functional::all_to_all_single": CollectiveOp.ALL_TO_ALL,
+}
+# where the group size sits among each issuing op's arguments (all_reduce has none: the world size is used)
+_GROUP_SIZE_ARG = {CollectiveOp.ALL_GATHER: 1, CollectiveOp.REDUCE_SCATTER: 2}
+_NCCL_OPS = {"allgather": CollectiveOp.ALL_GATHER, "reducescatter": CollectiveOp.REDUCE_SCATTER,
+             "allreduce": CollectiveOp.ALL_REDUCE, "alltoall": CollectiveOp.ALL_TO_ALL,
+             "sendrecv": CollectiveOp.ALL_TO_ALL}
+_GLOO_OPS = {"gloo:all_gather": CollectiveOp.ALL_GATHER, "gloo:all_reduce": CollectiveOp.ALL_REDUCE,
+             "gloo:reduce_scatter": CollectiveOp.REDUCE_SCATTER, "gloo:all_to_all": CollectiveOp.ALL_TO_ALL}
+# c10 scalar type names as the profiler prints them -> torch dtype names (and their sizes)
+_DTYPES = {"float": ("float32", 4), "double": ("float64", 8), "c10::BFloat16": ("bfloat16", 2),
+           "c10::Half": ("float16", 2), "long int": ("int64", 8), "int": ("int32", 4),
+           "signed char": ("int8", 1), "unsigned char": ("uint8", 1), "bool": ("bool", 1),
+           "c10::Float8_e4m3fn": ("float8_e4m3fn", 1), "c10::Float8_e5m2": ("float8_e5m2", 1)}
+_NCCL_DTYPES = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2, "Long": 8, "Int": 4, "Char": 1, "Byte": 1}
+
+
+def kernel_stem(name: str) -> str | None:
+    """``fused_relu_sum`` of a generated kernel's name (``graph_0_cpp_fused_relu_sum_3``,
+    ``triton_poi_fused_relu_sum_3``); None for any other name."""
+    m = _GENERATED.match(name)
+    return m.group(1) if m else None
+
+
+def _load_events(path: PathLike) -> tuple[list[Mapping[str, Any]], int | None]:
+    """The complete ('X') events of a Chrome trace and the world size the profiler recorded (if any)."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"trace file {name}: cannot read it ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"trace file {name}: not valid JSON ({exc})") from None
+    events = data.get("traceEvents") if isinstance(data, Mapping) else data
+    if not isinstance(events, list):
+        raise ValueError(f"trace file {name}: expected a Chrome trace (an object with 'traceEvents' or a list)")
+    complete = [e for e in events
+                if isinstance(e, Mapping) and e.get("ph") == "X" and isinstance(e.get("dur"), (int, float))]
+    world = None
+    info = data.get("distributedInfo") if isinstance(data, Mapping) else None
+    if isinstance(info, Mapping):
+        try:
+            world = int(info["world_size"])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return complete, world
+
+
+def _numel(dims: Any) -> int | None:
+    if not isinstance(dims, list) or not all(isinstance(d, int) for d in dims):
+        return None
+    n = 1
+    for d in dims:
+        n *= d
+    return n
+
+
+def _shapes(args: Mapping[str, Any]) -> str | None:
+    """``float32[8,64];float32[64,128]`` from an op event's recorded shapes (``record_shapes=True``)."""
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return None
+    parts = []
+    for d, t in zip(dims, types):
+        if t in _DTYPES and isinstance(d, list) and all(isinstance(x, int) for x in d):
+            parts.append(f"{_DTYPES[t][0]}[{','.join(map(str, d))}]")
+    return ";".join(parts)
+
+
+def _issue_info(event: Mapping[str, Any], op: CollectiveOp, world: int | None) -> tuple[int, int] | None:
+    """(payload bytes in the cost model's convention, group size) of a ``_c10d_functional`` issue event."""
+    args = event.get("args") or {}
+    dims, types, concrete = args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs")
+    if not isinstance(dims, list) or not dims or not isinstance(types, list) or not types:
+        return None
+    numel, dtype = _numel(dims[0]), _DTYPES.get(types[0])
+    group = world
+    idx = _GROUP_SIZE_ARG.get(op)
+    if idx is not None and isinstance(concrete, list) and len(concrete) > idx:
+        try:
+            group = int(concrete[idx])
+        except (TypeError, ValueError):
+            pass
+    if numel is None or dtype is None or not group:
+        return None
+    nbytes = numel * dtype[1]
+    if op is CollectiveOp.ALL_GATHER:
+        nbytes *= group  # the input is one rank's shard; the cost model counts the gathered output
+    return nbytes, group
+
+
+def _nccl_info(event: Mapping[str, Any]) -> tuple[CollectiveOp, int, int] | None:
+    """(op, bytes, group size) straight from an NCCL kernel event's arguments, when the profiler put them."""
+    args = event.get("args") or {}
+    name = str(args.get("Collective name", "")).lower().replace("_", "")
+    op = next((o for key, o in _NCCL_OPS.items() if key in name), None)
+    size = _NCCL_DTYPES.get(str(args.get("dtype", "")))
+    try:
+        in_n, out_n, group = int(args["In msg nelems"]), int(args["Out msg nelems"]), int(args["Group size"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if op is None or size is None or group < 1:
+        return None
+    return op, max(in_n, out_n) * size, group
+
+
+def _device_collective(event: Mapping[str, Any]) -> CollectiveOp | None:
+    name = str(event.get("name", ""))
+    if name in _GLOO_OPS:
+        return _GLOO_OPS[name]
+    if event.get("cat") == "kernel" and name.lower().startswith("nccl"):
+        lowered = name.lower().replace("_", "")
+        return next((o for key, o in _NCCL_OPS.items() if key in lowered), CollectiveOp.OTHER)
+    return None
+
+
+def _collectives(events: Iterable[Mapping[str, Any]], world: int | None, cal: Calibration) -> int:
+    issued: list[Mapping[str, Any]] = []
+    ran: list[Mapping[str, Any]] = []
+    for e in events:
+        if e.get("name") in _ISSUE_OPS:
+            issued.append(e)
+        elif _device_collective(e) is not None:
+            ran.append(e)
+    issued.sort(key=lambda e: e["ts"])
+    ran.sort(key=lambda e: e["ts"])
+    paired = len(issued) == len(ran)
+    count = 0
+    for k, e in enumerate(ran):
+        info = _nccl_info(e)
+        if info is None and paired:
+            op = _ISSUE_OPS[issued[k]["name"]]
+            found = _issue_info(issued[k], op, world)
+            info = (op, *found) if found is not None else None
+        if info is None:
+            continue
+        op, nbytes, group = info
+        if group > 1 and nbytes > 0 and e["dur"] > 0:
+            cal.add_collective(op, group, nbytes, e["dur"] / 1e3)
+            count += 1
+    return count
+
+
+def _called_by_compiled_graph(events: list[Mapping[str, Any]]) -> set[int]:
+    """ids of the events whose innermost enclosing event (same thread) is a compiled graph's call: the aten
+    ops its wrapper calls itself (extern kernels), not the ones nested inside other ops."""
+    out: set[int] = set()
+    by_thread: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_thread[e.get("tid")].append(e)
+    for thread in by_thread.values():
+        thread.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[Mapping[str, Any]] = []
+        for e in thread:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            if stack and str(stack[-1].get("name", "")).startswith(_COMPILED_CALL):
+                out.add(id(e))
+            stack.append(e)
+    return out
+
+
+def _kernels(events: list[Mapping[str, Any]], cal: Calibration) -> int:
+    on_device = [e for e in events if e.get("cat") == "kernel"]
+    externs = set() if on_device else _called_by_compiled_graph(events)
+    samples: dict[str, list[float]] = defaultdict(list)
+    for e in on_device or events:
+        name = str(e.get("name", ""))
+        stem = kernel_stem(name)
+        if stem is not None:
+            samples[stem].append(e["dur"] / 1e3)
+        elif id(e) in externs and name.startswith("aten::"):
+            shapes = _shapes(e.get("args") or {})
+            if shapes is not None:
+                samples[f"aten.{name[len('aten::'):]} {shapes}"].append(e["dur"] / 1e3)
+    for key, values in samples.items():
+        cal.add_kernel(key, statistics.median(values), len(values))
+    return len(samples)
+
+
+def calibrate_from_trace(path: PathLike, base: Calibration | None = None) -> Calibration:
+    """A calibration measured from a ``torch.profiler`` Chrome trace (see the module docstring).
+
+    ``base``: a calibration to start from (e.g. a collective sweep); the trace's measurements are added to
+    it (collective points are averaged with its points at equal sizes, kernel times replace its entries).
+    A missing or malformed file is a ValueError naming it; a trace without any kernel or collective the
+    reader knows is a ValueError too (``enable_kernel_profile`` / ``record_shapes`` were probably off).
+    """
+    events, world = _load_events(path)
+    cal = Calibration(meta={"source": "trace", "trace": os.path.basename(os.fspath(path))})
+    by_process: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
+    for e in events:
+        by_process[e.get("pid")].append(e)
+    n_coll = n_kern = 0
+    for process_events in by_process.values():
+        n_coll += _collectives(process_events, world, cal)
+        n_kern += _kernels(process_events, cal)
+    if not n_coll and not n_kern:
+        raise ValueError(
+            f"trace file {os.fspath(path)}: no compiled kernel or collective found (profile with record_shapes=True, "
+            "and on CPU set torch._inductor.config.cpp.enable_kernel_profile = True before compiling)"
+        )
+    cal.meta.update({"collectives_measured": n_coll, "kernels_measured": n_kern})
+    if base is not None:
+        merged = Calibration()
+        merged.update(base)
+        merged.update(cal)
+        return merged
+    return cal

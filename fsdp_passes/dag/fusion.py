@@ -1,0 +1,511 @@
+"""The kernels Inductor will generate for a post-grad FX graph: its DAG contracted to predicted kernels.
+
+A post-grad graph is unfused: every cast, view and elementwise op is a node, so costing it node by node
+charges a kernel launch and a round trip to memory for each, and counts a buffer for every intermediate.
+Inductor runs far fewer kernels.  ``predict_kernels(dag_from_fx(graph))`` models what it does, so that the
+FX-level estimate of a graph (makespan, exposed communication, peak memory) is the one the scheduler-level
+DAG of the same graph gets after Inductor's fusion:
+
+- views (``view``, ``reshape`` of a viewable layout, ``permute``, ``expand``, ``slice``, ``getitem``,
+  ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
+  whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
+  rank-major gathered buffer is one per member);
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters (an embedding's
+  gradient accumulation) stay one kernel each, as do collectives and waits;
+- pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
+  computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
+  kernel, collective or wait lies on a path between any two members (the same number of those on every
+  longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
+  reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU); a kernel
+  whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
+- a concatenation (a bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
+  its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
+  only the concatenation reads), and the result is allocated once by a node that runs no kernel.
+
+A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
+outputs read outside it or returned by the graph; only those outputs are allocated, as at the scheduler
+level, where buffers exist only at fused-kernel boundaries.  Collectives, waits and extern kernels keep
+their fields; nodes are numbered in a topological order that keeps the graph's order where it can (a
+kernel at its first member's place).  The result prices and simulates like any DAG; its nodes' ``origin``
+is the FX node of the kernel's first member, so it is for estimates, not for rewriting the graph.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graph import Dag, DagNode, NodeKind
+
+__all__ = ["EXTERN_OPS", "REDUCTION_OPS", "predict_kernels"]
+
+#: aten ops Inductor calls as library kernels (never fused with anything)
+EXTERN_OPS = frozenset({
+    "mm", "addmm", "bmm", "baddbmm", "addmv", "_int_mm", "_scaled_mm", "convolution", "convolution_backward",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+    "_efficient_attention_backward", "_flex_attention", "_fft_r2c", "_fft_c2r", "_fft_c2c",
+})
+#: ops whose output is a reduction of their input: Inductor realises their result (never inlined)
+REDUCTION_OPS = frozenset({
+    "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "var_mean", "std", "argmax", "argmin", "any",
+    "all", "logsumexp", "cumsum", "cumprod", "sort", "topk",
+})
+#: ops Inductor lowers to a view although their schema does not say so
+_VIEW_OPS = frozenset({"_unsafe_view", "alias", "view_as_real", "view_as_complex", "getitem"})
+#: views that copy when the input layout cannot be viewed in the new shape
+_MAYBE_COPY_VIEWS = frozenset({"reshape"})
+#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing
+_SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_accumulate", "_unsafe_index_put",
+                          "scatter", "scatter_add", "scatter_reduce", "index_add", "copy_"})
+
+_COMM, _EXTERN, _FUSABLE, _NOP = "comm", "extern", "fusable", "nop"
+
+
+@dataclass
+class _Unit:
+    """One would-be kernel before grouping: an FX node, or one input's copy of a concatenation."""
+
+    kind: str
+    members: list[int]  # DAG node ids (a concatenation copy: none)
+    pos: float  # place in the graph order
+    preds: list[int] = field(default_factory=list)  # unit ids
+    after: list[int] = field(default_factory=list)  # units it must follow without reading them (order only)
+    inlinable: bool = False  # a pointwise op Inductor computes inside its reader
+    fuses_with_producers: bool = True  # False for a reduction over outer dimensions
+    # (owner unit or None for a graph input, buffer key, bytes read, bytes of the whole buffer)
+    reads: list[tuple[int | None, Any, int, int]] = field(default_factory=list)
+    writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
+    out_bytes: int = 0
+    graph_output: bool = False
+
+
+def _base_op(node: DagNode) -> tuple[str, str]:
+    from .ops import op_base_name
+
+    return op_base_name(node.op) if node.op != "getitem" else ("", "getitem")
+
+
+def _val(fx_node: Any) -> Any:
+    return getattr(fx_node, "meta", {}).get("val")
+
+
+def _is_view_node(node: DagNode) -> bool:
+    from .from_fx import _is_view
+
+    origin = node.origin
+    if origin is None or node.kind is not NodeKind.COMPUTE:
+        return False
+    return _is_view(origin) or _base_op(node)[1] in _VIEW_OPS
+
+
+def _copies(node: DagNode) -> bool:
+    """A ``reshape`` whose input's layout cannot be viewed in the output shape: Inductor copies."""
+    import torch
+
+    if _base_op(node)[1] not in _MAYBE_COPY_VIEWS:
+        return False
+    origin = node.origin
+    inputs = origin.all_input_nodes
+    src, out = (_val(inputs[0]) if inputs else None), _val(origin)
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    from .ops import as_int
+
+    try:
+        probe = torch.empty_strided([as_int(d) for d in src.shape], [as_int(s) for s in src.stride()],
+                                    dtype=src.dtype, device="meta")
+        probe.view([as_int(d) for d in out.shape])
+    except RuntimeError:
+        return True
+    except ValueError:  # an unbacked size: assume the common case, a view
+        return False
+    return False
+
+
+def _is_pointwise(node: DagNode) -> bool:
+    """Elementwise: no input has more elements than the output (broadcasts included)."""
+    import torch
+
+    from .ops import as_int
+
+    out = _val(node.origin)
+    if not isinstance(out, torch.Tensor):
+        return False
+    try:
+        n_out = as_int(out.numel())
+        for a in node.origin.all_input_nodes:
+            v = _val(a)
+            if isinstance(v, torch.Tensor) and as_int(v.numel()) > n_out:
+                return False
+    except ValueError:
+        return False
+    return True
+
+
+def _reduces_inner_dims(node: DagNode) -> bool:
+    """A reduction over the input's innermost dimensions (a row reduction): its loop nest starts with the
+    producer's outer loops, so the CPU backend fuses it with the producer.  A reduction over outer dimensions
+    (a bias gradient summed over the batch) runs as a kernel of its own."""
+    import torch
+
+    origin = node.origin
+    args = origin.args
+    src = _val(args[0]) if args and hasattr(args[0], "meta") else None
+    if not isinstance(src, torch.Tensor):
+        return True
+    ndim = src.dim()
+    dims = args[1] if len(args) > 1 else origin.kwargs.get("dim")
+    if dims is None:
+        return True  # a full reduction
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not all(isinstance(d, int) for d in dims) or not ndim:
+        return True
+    norm = sorted(d % ndim for d in dims)
+    return norm == list(range(ndim - len(norm), ndim))
+
+
+def _bytes(value: Any) -> int:
+    from .from_fx import tensor_bytes
+
+    try:
+        return tensor_bytes(value)
+    except ValueError:
+        return 0
+
+
+def _device_type(node: DagNode) -> str:
+    import torch
+
+    v = _val(node.origin)
+    if isinstance(v, (list, tuple)):
+        v = next((x for x in v if isinstance(x, torch.Tensor)), None)
+    return v.device.type if isinstance(v, torch.Tensor) else "cpu"
+
+
+class _Groups:
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, u: int) -> int:
+        root = u
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[u] != root:
+            self.parent[u], u = root, self.parent[u]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def predict_kernels(dag: Dag) -> Dag:
+    """``dag`` (from ``dag_from_fx``) contracted to the kernels Inductor is predicted to generate.
+
+    Nodes without an FX origin (hand-built DAGs) are kept as they are.  See the module docstring.
+    """
+    import torch.fx as fx
+
+    nodes = dag.nodes
+    n = len(nodes)
+    # -- 1. views: which buffer each node's value lives in (a view lives in its base's; a graph input: None)
+    is_view = [False] * n
+    for i, node in enumerate(nodes):
+        if isinstance(node.origin, fx.Node) and _is_view_node(node) and not _copies(node):
+            is_view[i] = True
+    owner_node: list[int | None] = list(range(n))  # DAG node owning the buffer (None: a graph input)
+    for i in range(n):
+        if is_view[i]:
+            base = nodes[i].origin.all_input_nodes
+            b = dag.index.get(base[0].name) if base else None
+            owner_node[i] = owner_node[b] if b is not None else None
+
+    # -- 2. units: one per non-view node; a concatenation: one copy unit per input plus a no-kernel owner
+    unit_of: list[int | None] = [None] * n
+    units: list[_Unit] = []
+    for i, node in enumerate(nodes):
+        if is_view[i]:
+            continue
+        if node.kind is not NodeKind.COMPUTE or not isinstance(node.origin, fx.Node):
+            kind = _COMM if node.kind is not NodeKind.COMPUTE else _EXTERN
+        else:
+            namespace, base = _base_op(node)
+            if base == "cat" and _device_type(node) == "cpu":
+                kind = _NOP
+            elif base in EXTERN_OPS or base in _SCATTER_OPS or namespace not in ("aten", "prims", ""):
+                kind = _EXTERN  # a scatter writes a realised buffer in a kernel of its own, too
+            else:
+                kind = _FUSABLE
+        unit_of[i] = len(units)
+        u = _Unit(kind=kind, members=[i], pos=float(i))
+        if kind is _FUSABLE:
+            base = _base_op(node)[1]
+            u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
+            u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
+        units.append(u)
+    for i in range(n):
+        if is_view[i] and owner_node[i] is not None:
+            unit_of[i] = unit_of[owner_node[i]]
+
+    def read_of(fx_input: Any) -> tuple[int | None, Any, int, int]:
+        """(unit owning the buffer ``fx_input`` lives in, buffer key, bytes read, buffer bytes)."""
+        nbytes = _bytes(_val(fx_input))
+        j = dag.index.get(fx_input.name)
+        if j is not None and owner_node[j] is not None:
+            o = owner_node[j]
+            return unit_of[o], o, nbytes, nodes[o].out_bytes or nbytes
+        root = fx_input  # a graph input, or a view of one
+        while dag.index.get(root.name) is not None and root.all_input_nodes:
+            root = root.all_input_nodes[0]
+        return None, root.name, nbytes, _bytes(_val(root)) or nbytes
+
+    for i, node in enumerate(nodes):
+        uid = unit_of[i]
+        if is_view[i] or uid is None:
+            continue
+        unit = units[uid]
+        origin = node.origin
+        if unit.kind is _NOP:
+            # ConcatKernel: a copy unit per input writes that input's bytes into the result's slice
+            copies = []
+            for a in origin.args[0] if origin.args and isinstance(origin.args[0], (list, tuple)) else []:
+                if not isinstance(a, fx.Node):
+                    continue
+                r = read_of(a)
+                src_unit = r[0]
+                c = _Unit(kind=_FUSABLE, members=[], pos=i - 0.5, writes_into=r[2])
+                c.reads.append(r)
+                if src_unit is not None:
+                    c.preds.append(src_unit)
+                copies.append(len(units))
+                units.append(c)
+            unit.preds.extend(copies)
+            unit.out_bytes = node.out_bytes
+            continue
+        if isinstance(origin, fx.Node):
+            for a in origin.all_input_nodes:
+                r = read_of(a)
+                src_unit = r[0]
+                unit.reads.append(r)
+                if src_unit is not None and src_unit != uid:
+                    unit.preds.append(src_unit)
+        # a copying reshape allocates its result (the FX DAG counts it as a view)
+        unit.out_bytes = _bytes(_val(origin)) if node.alias_of is not None and unit.kind is _FUSABLE else node.out_bytes
+    # dependencies that are not reads (mutation order, hand-built edges)
+    for a, b in dag.edges():
+        ua, ub = unit_of[a], unit_of[b]
+        if ua is not None and ub is not None and ua != ub and ua not in units[ub].preds:
+            if units[ub].kind is _NOP:
+                continue  # a concatenation reads its inputs through its copy units
+            units[ub].preds.append(ua)
+    # each process group's collectives stay in their order (Inductor chains them before fusing, so no kernel
+    # spans two of them either)
+    for seq in dag.group_sequences().values():
+        for a, b in zip(seq, seq[1:]):
+            if unit_of[a] is not None and unit_of[b] is not None:
+                units[unit_of[b]].after.append(unit_of[a])
+    for i, node in enumerate(nodes):
+        if node.is_output and unit_of[i] is not None:
+            units[unit_of[i]].graph_output = True
+
+    m = len(units)
+    succs: list[list[int]] = [[] for _ in range(m)]
+    for v, u in enumerate(units):
+        u.preds = sorted(set(u.preds))
+        for p in u.preds:
+            succs[p].append(v)
+    topo = _topological(units)
+
+    # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
+    depth = [0] * m
+    for v in topo:
+        d = 0
+        for p in units[v].preds + units[v].after:
+            d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE else 1))
+        depth[v] = d
+    groups = _Groups(m)
+    # a pointwise op read by exactly one fusable unit is computed inside it (whatever its depth)
+    inlined_into: dict[int, int] = {}
+    for v in reversed(topo):
+        u = units[v]
+        if u.kind is not _FUSABLE or not u.inlinable or u.graph_output or not u.members:
+            continue
+        readers = set(succs[v])
+        if len(readers) == 1:
+            (r,) = readers
+            if units[r].kind is _FUSABLE:
+                inlined_into[v] = r
+    eff_depth = list(depth)
+    for v in reversed(topo):
+        if v in inlined_into:
+            eff_depth[v] = eff_depth[inlined_into[v]]
+    for v in topo:
+        if units[v].kind is not _FUSABLE:
+            continue
+        if v in inlined_into:
+            groups.union(v, inlined_into[v])
+        if not units[v].fuses_with_producers:
+            continue
+        for p in units[v].preds:
+            if units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]:
+                groups.union(p, v)
+
+    # a kernel all of whose outputs are read by one other kernel joins it: every path out of it enters that
+    # kernel first, so no cycle can form (an op recomputed from saved inputs in a backward, whatever its depth)
+    group_members: dict[int, list[int]] = {}
+    for v in range(m):
+        group_members.setdefault(groups.find(v), []).append(v)
+    for v in reversed(topo):
+        r = groups.find(v)
+        if units[v].kind is not _FUSABLE or r != v and groups.find(r) != r:
+            continue
+        members = group_members.get(r)
+        if not members or any(units[w].graph_output for w in members):
+            continue
+        readers = {groups.find(s) for w in members for s in succs[w]} - {r}
+        if len(readers) != 1:
+            continue
+        (g,) = readers
+        if units[g].kind is not _FUSABLE or not all(units[w].fuses_with_producers for w in group_members[g]
+                                                    if any(groups.find(p) == r for p in units[w].preds)):
+            continue
+        groups.union(r, g)
+        joined = group_members.pop(r, []) + group_members.pop(g, [])
+        group_members[groups.find(r)] = joined
+
+    # -- 4. one DAG node per group / kept unit
+    group_members = {}
+    for v in range(m):
+        group_members.setdefault(groups.find(v), []).append(v)
+    return _contract(dag, units, succs, groups, group_members)
+
+
+def _topological(units: list[_Unit]) -> list[int]:
+    succs: list[list[int]] = [[] for _ in units]
+    for v, u in enumerate(units):
+        for p in set(u.preds + u.after):
+            succs[p].append(v)
+    indeg = [len(set(u.preds + u.after)) for u in units]
+    ready = [(u.pos, v) for v, u in enumerate(units) if indeg[v] == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        out.append(v)
+        for s in succs[v]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (units[s].pos, s))
+    if len(out) != len(units):
+        raise ValueError(f"predict_kernels: dependency cycle through {len(units) - len(out)} nodes")
+    return out
+
+
+def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
+              group_members: dict[int, list[int]]) -> Dag:
+    nodes = dag.nodes
+    roots = sorted(group_members, key=lambda r: min(units[v].pos for v in group_members[r]))
+    kernel_preds: dict[int, set[int]] = {}
+    kernel_after: dict[int, set[int]] = {}
+    for r in roots:
+        kernel_preds[r] = {groups.find(p) for v in group_members[r] for p in units[v].preds} - {r}
+        kernel_after[r] = ({groups.find(p) for v in group_members[r] for p in units[v].after} - {r}) | kernel_preds[r]
+    # order: Kahn over the kernels, the earliest first member first
+    ksuccs: dict[int, list[int]] = {r: [] for r in roots}
+    for r, ps in kernel_after.items():
+        for p in ps:
+            ksuccs[p].append(r)
+    first = {r: min(units[v].pos for v in group_members[r]) for r in roots}
+    indeg = {r: len(ps) for r, ps in kernel_after.items()}
+    ready = [(first[r], r) for r in roots if indeg[r] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, r = heapq.heappop(ready)
+        order.append(r)
+        for s in ksuccs[r]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                heapq.heappush(ready, (first[s], s))
+    if len(order) != len(roots):
+        raise ValueError("predict_kernels: the predicted kernels depend on each other in a cycle")
+    new_id = {r: k for k, r in enumerate(order)}
+
+    out_nodes: list[DagNode] = []
+    for r in order:
+        members = sorted(group_members[r], key=lambda v: units[v].pos)
+        head = units[members[0]]
+        if head.kind in (_COMM, _EXTERN) and len(members) == 1:
+            src = nodes[head.members[0]]
+            node = DagNode(**{k: getattr(src, k) for k in src.__dataclass_fields__})
+            node.alias_of = None
+            node.collective_of = None
+            out_nodes.append(node)
+            continue
+        if head.kind is _NOP:
+            src = nodes[head.members[0]]
+            out_nodes.append(DagNode(name=src.name, kind=NodeKind.COMPUTE, op=src.op, out_bytes=head.out_bytes,
+                                     dtype=src.dtype, module_fqn=src.module_fqn, origin=src.origin,
+                                     is_output=head.graph_output, launches_kernel=False))
+            continue
+        member_set = set(members)
+        fx_members = [i for v in members for i in units[v].members]
+        read: dict[Any, int] = {}
+        cap: dict[Any, int] = {}
+        for v in members:
+            for src_unit, key, nbytes, whole in units[v].reads:
+                if src_unit is not None and groups.find(src_unit) == r:
+                    continue  # produced inside the kernel
+                read[key] = read.get(key, 0) + nbytes
+                cap[key] = whole
+        in_bytes = sum(min(b, cap[k]) for k, b in read.items())
+        out_bytes = 0
+        written = 0
+        is_output = False
+        for v in members:
+            u = units[v]
+            written += u.writes_into
+            outside = any(groups.find(s) != r for s in succs[v]) or u.graph_output
+            if u.members and outside:
+                out_bytes += u.out_bytes
+                is_output = is_output or u.graph_output
+        if fx_members:
+            src = nodes[fx_members[0]]
+            name, fqn, origin = src.name, src.module_fqn, src.origin
+        else:  # a concatenation's copy of a graph input
+            cat = next(s for s in succs[members[0]] if units[s].kind is _NOP)
+            src = nodes[units[cat].members[0]]
+            name = f"{src.name}_copy{units[cat].preds.index(members[0])}"
+            fqn, origin = src.module_fqn, src.origin
+        ops = []
+        for i in fx_members:
+            b = _base_op(nodes[i])[1]
+            if b not in ops:
+                ops.append(b)
+        label = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
+        out_nodes.append(DagNode(
+            name=name, kind=NodeKind.COMPUTE, op=f"kernel[{label or 'copy'}]",
+            in_bytes=in_bytes + written, out_bytes=out_bytes,
+            dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
+            flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
+        ))
+    # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
+    fx_to_new: dict[int, int] = {}
+    for r in order:
+        for v in group_members[r]:
+            for i in units[v].members:
+                fx_to_new[i] = new_id[r]
+    for k, node in enumerate(out_nodes):
+        if node.kind is NodeKind.WAIT:
+            src = nodes[units[order[k]].members[0]]
+            if src.collective_of is not None and src.collective_of in fx_to_new:
+                node.collective_of = fx_to_new[src.collective_of]
+                node.alias_of = node.collective_of
+    edges = [(new_id[p], new_id[r]) for r in order for p in kernel_preds[r]]
+    return Dag(out_nodes, edges, dag.resident_bytes)

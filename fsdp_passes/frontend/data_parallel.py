@@ -1,0 +1,370 @@
+"""``data_parallel``: SimpleFSDP-style sharding whose collectives ``torch.compile`` traces into the graph.
+
+Each parameter of the wrapped modules becomes an ``nn.Parameter`` holding a ``DTensor`` (``Shard(0)``;
+``(Replicate(), Shard(0))`` for hybrid shard; ``Replicate()`` for replicate) with the parameter's real shape:
+that is what ``named_parameters``, optimizers, ``state_dict`` and ``torch.distributed.checkpoint`` see.  Its
+local tensor is a view into a *padded shard*: every rank stores ``ceil(rows / world)`` rows, the rows past the
+parameter's end are zeros.  ``forward`` reads the attribute (``self.weight``) through a property that
+all-gathers the padded shard and drops the padding, so every rank traces the same graph (equal shard shapes),
+whatever the parameter's size.  The gradient is reduce-scattered back into a padded shard by autograd; its
+padding rows are zero, and a hook hands the real rows to ``param.grad``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Union
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ._gather import gather_full
+
+__all__ = ["data_parallel", "MixedPrecisionPolicy", "FSDPParam", "sharded_params", "MODES"]
+
+MODES = ("fully_shard", "hybrid_shard", "replicate")
+
+
+@dataclass(frozen=True)
+class FSDPParam:
+    """One parameter converted by :func:`data_parallel`: where it lives and how it is split (this rank's view)."""
+
+    fqn: str  #: parameter FQN in the outermost wrapped module, e.g. ``"layers.0.fc1.weight"``
+    module_fqn: str  #: owning module FQN, e.g. ``"layers.0.fc1"`` (``""`` for that module itself)
+    name: str  #: attribute name on the owning module, e.g. ``"weight"``
+    full_shape: tuple[int, ...]  #: the parameter's shape (what the user sees)
+    shard_shape: tuple[int, ...]  #: shape of the stored padded shard (equal on every rank)
+    local_rows: int  #: rows of the parameter this rank owns (the shard's other rows are padding)
+    orig_dtype: torch.dtype  #: dtype of the stored shard (the optimizer's dtype)
+    param_dtype: Optional[torch.dtype]  #: dtype the shard is cast to before the gather (None: no cast)
+    reduce_dtype: torch.dtype  #: dtype of the gradient reduction
+    group_name: Optional[str]  #: the all-gather's process group (None: replicate mode, no gather)
+    world_size: int  #: ranks the parameter is sharded over (1 for replicate)
+    reduce_scatter_group_name: Optional[str]  #: the gradient reduce-scatter's group (None: none)
+    replicate_group_name: Optional[str]  #: the group the gradient is all-reduced over (None: none)
+    reshard_after_forward: bool
+
+
+class _ShardedParam:
+    """Runtime state of one converted parameter: the padded shard (an autograd leaf) and the user's DTensor
+    parameter viewing its real rows."""
+
+    def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
+                 grad_scale: float) -> None:
+        self.info = info
+        self.mesh = mesh
+        self.placements = placements
+        self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
+                            info.world_size, info.group_name, info.reduce_scatter_group_name,
+                            info.replicate_group_name, grad_scale)
+        self.param = nn.Parameter(self._as_dtensor(storage.detach()), requires_grad=storage.requires_grad)
+        self._set_storage(storage)
+
+    def _as_dtensor(self, padded: torch.Tensor) -> DTensor:
+        local = padded.narrow(0, 0, self.info.local_rows) if self.info.group_name is not None else padded
+        shape = torch.Size(self.info.full_shape)
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape))
+
+    def _set_storage(self, storage: torch.Tensor) -> None:
+        self.storage = storage
+        if storage.requires_grad:
+            storage.register_post_accumulate_grad_hook(self._move_grad)
+
+    def _move_grad(self, storage: torch.Tensor) -> None:
+        grad, storage.grad = storage.grad, None
+        with torch.no_grad():
+            as_dtensor = self._as_dtensor(grad)
+            if self.param.grad is None:
+                self.param.grad = as_dtensor
+            else:
+                self.param.grad += as_dtensor
+
+    def full(self, owner: nn.Module) -> torch.Tensor:
+        if owner._parameters[self.info.name] is not self.param:
+            raise RuntimeError(
+                f"data_parallel: parameter {self.info.fqn} was replaced after sharding (assignment or "
+                f"load_state_dict(assign=True)); copy values into it in place instead (param.copy_ / load_state_dict)"
+            )
+        return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward, self.gather_args)
+
+    def apply_to_storage(self, fn: Any) -> None:
+        """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
+        new = fn(self.storage.detach())
+        if new is self.storage:
+            return
+        new = new.detach().requires_grad_(self.param.requires_grad)
+        # swap, not ``.data =``: a DTensor keeps its local tensor in a Python attribute that ``.data`` leaves
+        # alone; the parameter object (held by optimizers and the module) stays the same
+        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(new.detach()),
+                                                          requires_grad=self.param.requires_grad))
+        self._set_storage(new)
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= s
+    return tuple(reversed(stride))
+
+
+# --------------------------------------------------------------------------------------------------
+# Module classes: properties that gather, an input / output cast
+# --------------------------------------------------------------------------------------------------
+
+def _make_property(name: str) -> property:
+    def get(self: nn.Module) -> torch.Tensor:
+        return self._fsdp_shards[name].full(self)
+
+    def set_(self: nn.Module, value: Any) -> None:
+        raise AttributeError(f"{name} is sharded by data_parallel; copy values into the parameter in place instead")
+
+    return property(get, set_)
+
+
+def _apply_then_reshard(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+    super(self._fsdp_property_class, self)._apply(fn, recurse)
+    for state in self._fsdp_shards.values():
+        state.apply_to_storage(fn)
+    return self
+
+
+@functools.lru_cache(maxsize=None)
+def _property_class(cls: type, names: tuple[str, ...]) -> type:
+    attrs: dict[str, Any] = {n: _make_property(n) for n in names}
+    attrs["_apply"] = _apply_then_reshard
+    new = type(f"DataParallel{cls.__name__}", (cls,), attrs)
+    new._fsdp_property_class = new
+    return new
+
+
+def _cast_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    in_dtype, out_dtype = self._fsdp_input_dtype, self._fsdp_output_dtype
+
+    def cast(value: Any, dtype: Optional[torch.dtype]) -> Any:
+        if dtype is None:
+            return value
+        return torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t, value)
+
+    out = super(self._fsdp_cast_class, self).forward(*cast(args, in_dtype), **cast(kwargs, in_dtype))
+    return cast(out, out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _cast_class(cls: type) -> type:
+    # Inputs are cast inside forward (not in a hook), so that Dynamo traces the cast into the same frame.
+    new = type(cls.__name__ if cls.__name__.startswith("DataParallel") else f"DataParallel{cls.__name__}", (cls,),
+               {"forward": _cast_forward})
+    new._fsdp_cast_class = new
+    return new
+
+
+# --------------------------------------------------------------------------------------------------
+# data_parallel
+# --------------------------------------------------------------------------------------------------
+
+def _default_mesh(mode: str, model: nn.Module) -> DeviceMesh:
+    if not dist.is_initialized():
+        raise ValueError("data_parallel: mesh=None needs an initialised default process group "
+                         "(torch.distributed.init_process_group)")
+    if mode == "hybrid_shard":
+        raise ValueError("data_parallel: mode='hybrid_shard' needs a 2-D mesh (replicate, shard); got mesh=None")
+    world = dist.group.WORLD
+    devices = {p.device.type for p in model.parameters()} - {"meta"}
+    device_type = devices.pop() if len(devices) == 1 else "cpu"
+    return DeviceMesh.from_group(world, device_type, mesh=torch.tensor(dist.get_process_group_ranks(world)))
+
+
+def _separate_group(mesh: DeviceMesh, dim: int) -> dist.ProcessGroup:
+    """A new process group over the ranks of ``mesh``'s dimension ``dim`` (this rank's one); every rank of the
+    default group takes part in creating every such group, as ``new_group`` requires."""
+    ranks = mesh.mesh.movedim(dim, -1).reshape(-1, mesh.mesh.shape[dim]).tolist()
+    mine = None
+    for row in ranks:
+        group = dist.new_group(ranks=row)
+        if dist.get_rank() in row:
+            mine = group
+    assert mine is not None
+    return mine
+
+
+def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: Any, reduce_scatter_group: Any,
+                   gradient_divide_factor: Any) -> None:
+    if mode not in MODES:
+        raise ValueError(f"data_parallel: mode={mode!r}; allowed: {', '.join(MODES)}")
+    if not isinstance(mesh, DeviceMesh):
+        raise ValueError(f"data_parallel: mesh={mesh!r}; expected a DeviceMesh or None")
+    want = 2 if mode == "hybrid_shard" else 1
+    if mesh.ndim != want:
+        hint = " (use mode='hybrid_shard' for a 2-D mesh)" if mesh.ndim == 2 else ""
+        raise ValueError(f"data_parallel: mode={mode!r} needs a {want}-D mesh, got a {mesh.ndim}-D mesh{hint}")
+    if not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise ValueError(f"data_parallel: mp_policy={mp_policy!r}; expected a MixedPrecisionPolicy")
+    if not isinstance(reshard_after_forward, bool):
+        raise ValueError(f"data_parallel: reshard_after_forward={reshard_after_forward!r}; allowed: True, False")
+    if not (reduce_scatter_group is None or reduce_scatter_group == "separate"
+            or isinstance(reduce_scatter_group, dist.ProcessGroup)):
+        raise ValueError(f"data_parallel: reduce_scatter_group={reduce_scatter_group!r}; allowed: None, "
+                         f"'separate', or a ProcessGroup over the same ranks as the sharding group")
+    if gradient_divide_factor is not None and not (
+            isinstance(gradient_divide_factor, (int, float)) and gradient_divide_factor > 0):
+        raise ValueError(f"data_parallel: gradient_divide_factor={gradient_divide_factor!r}; expected None or a "
+                         f"positive number")
+
+
+def data_parallel(
+    model: nn.Module,
+    mesh: Optional[DeviceMesh] = None,
+    *,
+    mode: str = "fully_shard",
+    mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
+    reshard_after_forward: bool = True,
+    reduce_scatter_group: Union[None, str, dist.ProcessGroup] = None,
+    gradient_divide_factor: Optional[float] = None,
+    ignored_params: Optional[Iterable[nn.Parameter]] = None,
+) -> nn.Module:
+    """Shard ``model``'s parameters over ``mesh`` in place (data parallel) and return ``model``.
+
+    mode: ``"fully_shard"`` (1-D mesh, ``Shard(0)``), ``"hybrid_shard"`` (2-D mesh ``(replicate, shard)``,
+        placements ``(Replicate(), Shard(0))``: gathered over dim 1, gradients reduce-scattered over dim 1 and
+        all-reduced over dim 0) or ``"replicate"`` (1-D mesh, ``Replicate()``: gradients all-reduced).
+    mesh: the device mesh (default: a 1-D mesh over the default process group).
+    mp_policy: ``torch.distributed.fsdp.MixedPrecisionPolicy``: the shard is cast to ``param_dtype`` before the
+        all-gather, gradients are reduced in ``reduce_dtype`` (default: the gathered dtype), floating-point
+        inputs of ``model.forward`` are cast to ``param_dtype`` (``cast_forward_inputs``) and its outputs to
+        ``output_dtype``.
+    reshard_after_forward: free gathered parameters after forward and gather again in backward (selective
+        activation checkpointing recomputes gather, wait and casts); ``False`` keeps them for backward.  Call
+        ``data_parallel`` on submodules first to give them other settings (as with ``fully_shard``); a later
+        call on an ancestor leaves their parameters as they are.
+    reduce_scatter_group: ``"separate"``: gradients are reduced on a new process group over the same ranks
+        (created now, by every rank), so backward all-gathers and reductions do not queue behind each other;
+        a ``ProcessGroup`` to reuse one (e.g. across nested calls); ``None``: the mesh's group.
+    gradient_divide_factor: gradients are summed over ranks and divided by this (default: the number of
+        data-parallel ranks, i.e. averaged, as ``fully_shard`` does; ``1.0`` sums).
+    ignored_params: parameters left as they are (not sharded, not reduced).
+
+    Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
+    already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode,
+    a parameter shared by two modules.
+    """
+    mesh = _default_mesh(mode, model) if mesh is None else mesh
+    _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
+    ignored = {id(p) for p in ignored_params or ()}
+
+    shard_dim = mesh.ndim - 1
+    sharded = mode != "replicate"
+    world = mesh.size(shard_dim) if sharded else 1
+    rank = mesh.get_local_rank(shard_dim) if sharded else 0
+    mesh_group = mesh.get_group(shard_dim).group_name
+    if isinstance(reduce_scatter_group, dist.ProcessGroup):
+        reduce_group = reduce_scatter_group.group_name
+    elif reduce_scatter_group == "separate":
+        reduce_group = _separate_group(mesh, shard_dim).group_name
+    else:
+        reduce_group = mesh_group
+    placements: tuple = {"fully_shard": (Shard(0),), "hybrid_shard": (Replicate(), Shard(0)),
+                         "replicate": (Replicate(),)}[mode]
+    groups = {
+        "fully_shard": (mesh_group, reduce_group, None),
+        "hybrid_shard": (mesh_group, reduce_group, mesh.get_group(0).group_name if mesh.ndim == 2 else None),
+        "replicate": (None, None, reduce_group),
+    }[mode]
+    divide = gradient_divide_factor if gradient_divide_factor is not None else float(mesh.size())
+    param_dtype = mp_policy.param_dtype
+
+    seen: dict[int, str] = {}
+    for mod_fqn, mod in model.named_modules():
+        states: dict[str, _ShardedParam] = getattr(mod, "_fsdp_shards", None) or {}
+        new_names = []
+        for name, p in mod._parameters.items():
+            if p is None:
+                continue
+            fqn = f"{mod_fqn}.{name}" if mod_fqn else name
+            if id(p) in ignored:
+                continue
+            if id(p) in seen:
+                raise ValueError(f"data_parallel: parameter {fqn} is the same tensor as {seen[id(p)]} (shared "
+                                 f"parameters are not supported); untie them or leave it unsharded with "
+                                 f"ignored_params")
+            seen[id(p)] = fqn
+            if name in states:  # sharded by an earlier call on this module or a descendant: keep its settings
+                states[name].info = _with_fqn(states[name].info, fqn, mod_fqn)
+                continue
+            if isinstance(p, DTensor):
+                raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
+                                 f"already a DTensor {p.placements}; composing with other DTensor sharding is "
+                                 f"not supported")
+            if sharded and p.dim() == 0:
+                raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
+                                 f"0-dimensional; mode={mode!r} shards dim 0 (use mode='replicate' or "
+                                 f"ignored_params)")
+            states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
+                                  mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide)
+            new_names.append(name)
+        if new_names:
+            for name in new_names:
+                mod._parameters[name] = states[name].param
+            mod._fsdp_shards = states
+            if getattr(type(mod), "_fsdp_property_class", None) is type(mod):
+                cls = _property_class(type(mod).__mro__[1], tuple(states))
+            else:
+                cls = _property_class(type(mod), tuple(states))
+            mod.__class__ = cls
+    if param_dtype is not None and mp_policy.cast_forward_inputs or mp_policy.output_dtype is not None:
+        model._fsdp_input_dtype = param_dtype if mp_policy.cast_forward_inputs else None
+        model._fsdp_output_dtype = mp_policy.output_dtype
+        if getattr(type(model), "_fsdp_cast_class", None) is not type(model):
+            model.__class__ = _cast_class(type(model))
+    return model
+
+
+def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
+    import dataclasses
+
+    return dataclasses.replace(info, fqn=fqn, module_fqn=module_fqn)
+
+
+def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank: int, mesh: DeviceMesh,
+           placements: tuple, groups: tuple, param_dtype: Optional[torch.dtype], reduce_dtype: Optional[torch.dtype],
+           reshard_after_forward: bool, grad_scale: float) -> _ShardedParam:
+    gather_group, rs_group, ar_group = groups
+    full_shape = tuple(p.shape)
+    if gather_group is not None:
+        rows_per_rank = math.ceil(full_shape[0] / world)
+        start = min(rank * rows_per_rank, full_shape[0])
+        local_rows = max(0, min(rows_per_rank, full_shape[0] - start))
+        shard_shape = (rows_per_rank, *full_shape[1:])
+        storage = torch.zeros(shard_shape, dtype=p.dtype, device=p.device)
+        if p.device.type != "meta":
+            storage[:local_rows].copy_(p.detach()[start:start + local_rows])
+    else:
+        local_rows = full_shape[0] if full_shape else 0
+        shard_shape = full_shape
+        storage = p.detach().clone()
+    storage.requires_grad_(p.requires_grad)
+    info = FSDPParam(
+        fqn=fqn, module_fqn=mod_fqn, name=name, full_shape=full_shape, shard_shape=shard_shape, local_rows=local_rows,
+        orig_dtype=p.dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype or param_dtype or p.dtype,
+        group_name=gather_group, world_size=world, reduce_scatter_group_name=rs_group if gather_group else None,
+        replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
+    )
+    return _ShardedParam(info, storage, mesh, placements, grad_scale)
+
+
+def sharded_params(model: nn.Module) -> dict[str, FSDPParam]:
+    """The parameters of ``model`` converted by :func:`data_parallel`, by FQN (in ``named_parameters`` order)."""
+    out: dict[str, FSDPParam] = {}
+    for mod_fqn, mod in model.named_modules():
+        for name, state in (getattr(mod, "_fsdp_shards", None) or {}).items():
+            fqn = f"{mod_fqn}.{name}" if mod_fqn else name
+            out[fqn] = _with_fqn(state.info, fqn, mod_fqn)
+    return out

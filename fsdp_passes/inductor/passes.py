@@ -1,0 +1,121 @@
+"""The pass objects installed into ``torch._inductor.config`` (see ``install``).
+
+- ``FsdpGraphPass`` (a ``CustomGraphPass``) goes into ``post_grad_custom_post_pass``: bucketing.
+- ``FsdpSchedulerPass`` (a ``CustomSchedulerPass``) goes last into ``reorder_for_compute_comm_overlap_passes``
+  (with ``reorder_for_compute_comm_overlap=True``): reordering.  That list runs after Inductor's
+  peak-memory reordering, so nothing undoes the order it returns (``_post_fusion_custom_pass`` runs before
+  ``reorder_for_peak_memory`` and would be undone).
+
+Both passes of one compiled graph share its ``GraphRecord``: the first to run on the graph puts it into the
+graph module's ``meta`` (the FX pass receives ``gm.graph``; the scheduler pass runs inside the
+``GraphLowering`` of the same ``gm``), so the scheduler pass knows what the FX pass used of the memory
+budget.  Every report also goes to the ``ReportHistory`` the two passes share (``fsdp_passes.last_reports``).
+
+Cache keys: ``uuid()`` (``cache_key.pass_uuid``); the scheduler pass pickles as that uuid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass, CustomSchedulerPass
+from torch._inductor.scheduler import BaseSchedulerNode
+from torch._inductor.virtualized import V
+
+from ..options import Options
+from ..pipeline.record import GraphRecord, ReportHistory
+from ..pipeline.report import GraphReport
+from . import fx_pass, scheduler_pass  # called through the modules: tests may wrap their functions
+from .cache_key import pass_uuid
+from .graph_names import GraphNamer, fx_graph_kind
+from .guard import run_guarded
+
+__all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY"]
+
+RECORD_META_KEY = "fsdp_passes_record"
+
+
+@dataclass
+class PassState:
+    """What the installed pass objects share: graph names in compile order and the reports of every graph."""
+
+    names: GraphNamer = field(default_factory=GraphNamer)
+    history: ReportHistory = field(default_factory=ReportHistory)
+
+
+def _graph_module_meta(gm: Any) -> dict | None:
+    meta = getattr(gm, "meta", None)
+    return meta if isinstance(meta, dict) else None
+
+
+class FsdpGraphPass(CustomGraphPass):
+    """Post-grad FX pass: bucket FSDP collectives; then run the pass that was installed before ours."""
+
+    def __init__(self, options: Options, chained: Any = None, state: PassState | None = None):
+        self.options = options
+        self.chained = chained
+        self.state = state or PassState()
+
+    def __call__(self, graph: fx.Graph) -> None:
+        if self.chained is not None:
+            self.chained(graph)
+        record = GraphRecord(self.state.names.new_name(fx_graph_kind(graph)))
+        meta = _graph_module_meta(graph.owning_module)
+        if meta is not None:
+            meta[RECORD_META_KEY] = record
+        record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
+        self.state.history.add(record.fx)
+
+    def uuid(self) -> str:
+        return pass_uuid("fx", self.options, self.chained)
+
+
+def _restore_scheduler_pass(options_json: dict, uuid: str) -> "FsdpSchedulerPass":
+    return FsdpSchedulerPass(Options(**options_json))
+
+
+class FsdpSchedulerPass(CustomSchedulerPass):
+    """Scheduler pass: reorder for overlap, validate the order, fall back to the input order on any problem."""
+
+    def __init__(self, options: Options, state: PassState | None = None):
+        self.options = options
+        self.state = state or PassState()
+
+    def _record(self) -> GraphRecord:
+        """The record the FX pass made for the graph being lowered, or a new one."""
+        meta = _graph_module_meta(getattr(V.graph, "module", None))
+        record = meta.get(RECORD_META_KEY) if meta is not None else None
+        if isinstance(record, GraphRecord):
+            return record
+        record = GraphRecord(self.state.names.new_name("bwd" if getattr(V.graph, "is_backward", False) else "fwd"))
+        if meta is not None:
+            meta[RECORD_META_KEY] = record
+        return record
+
+    def __call__(self, nodes: list[BaseSchedulerNode]) -> list[BaseSchedulerNode]:
+        record = self._record()
+
+        def attempt() -> list[BaseSchedulerNode]:
+            order, record.scheduler = scheduler_pass.reorder_scheduler_nodes(
+                nodes, self.options, graph_name=record.name, fx_report=record.fx)
+            return order
+
+        def fallback(reason: str) -> list[BaseSchedulerNode]:
+            # the report (and dump) of the schedule as it was kept, so the numbers of the graph stay visible
+            record.scheduler = scheduler_pass.unchanged_schedule_report(nodes, self.options, record.name, reason,
+                                                         fx_report=record.fx)
+            return nodes
+
+        out = run_guarded("scheduler", self.options, attempt, lambda reason: fallback(f"pass failed: {reason}"),
+                          lambda reason: fallback(f"left untouched: {reason}"))
+        self.state.history.add(record.scheduler)
+        return out
+
+    def uuid(self) -> str:
+        return pass_uuid("scheduler", self.options)
+
+    # the FX graph cache pickles this list into its key: pickle as the uuid, never as a qualified name only
+    def __reduce__(self) -> tuple[Callable[..., "FsdpSchedulerPass"], tuple[dict, str]]:
+        return (_restore_scheduler_pass, (self.options.to_json(), self.uuid()))

@@ -1,0 +1,258 @@
+"""Running bucketing on one FX graph: plan (``bucketing.plan_manual`` / ``plan_auto``), rewrite, place, report.
+
+``bucket_graph(graph, options)`` is the one call for a captured post-grad graph: it builds the DAG, plans
+according to ``options.bucketing`` ("auto", "manual" with ``options.bucket_plan``, or "none"), rewrites the
+graph in place and returns what it did.  See docs/bucketing.md.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch.fx as fx
+
+from ..dag.from_fx import dag_from_fx
+from ..dag.graph import CollectiveOp, Dag
+from ..options import Options
+from ..bucketing.manual import describe_entries, fqns_seen_hint
+from ..bucketing.plan import Bucket
+from ..bucketing.placement import issue_gathers_before_reductions, renumbered
+from ..bucketing.rewrite import RewriteStats, apply_buckets
+from .choice import memory_claim
+from .plans import graph_memory_budget, plan_bucketing
+
+if TYPE_CHECKING:
+    from ..cost_model import CostModel
+    from .choice import AutoChoice
+    from .report import GraphReport
+
+__all__ = ["BucketingResult", "bucket_graph", "plan_bucketing"]
+
+
+@dataclass
+class BucketingResult:
+    """What ``bucket_graph`` did to one graph.
+
+    ``buckets``: every planned bucket (single-member ones included: their ``close_reason`` says why they did
+    not grow); ``unbucketed``: collective name -> why it was not considered; ``unmatched_entries``: manual
+    plan entries that matched nothing in this graph (only when not strict); ``collectives``: names of the
+    merged collectives now in the graph.
+    """
+
+    mode: str
+    buckets: list[Bucket]
+    n_collectives_before: int
+    n_collectives_after: int
+    unbucketed: dict[str, str] = field(default_factory=dict)
+    unmatched_entries: list[str] = field(default_factory=list)
+    collectives: list[str] = field(default_factory=list)
+    rewrite: RewriteStats | None = None
+    choice: AutoChoice | None = None  # bucketing="auto": the candidates and their scores
+    memory_budget_bytes: int = 0  # memory_budget in bytes for this graph
+    memory_budget_used_bytes: int = 0  # the plan's claim on it (choice.memory_claim), placement included
+    report: GraphReport | None = None  # this graph's report (pass_name "fx")
+    #: collective name -> {"param": parameter FQN or None, "module": module FQN or None} (bucketable ones)
+    attribution: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    #: collective name -> why no parameter or module name was found for it
+    unattributed: dict[str, str] = field(default_factory=dict)
+    #: blocks found among the collectives' FQNs (repeated sibling modules: ``layers.0``, ``model.h.1``...)
+    blocks: list[str] = field(default_factory=list)
+
+    @property
+    def merged(self) -> list[Bucket]:
+        return [b for b in self.buckets if len(b) > 1]
+
+    def summary(self) -> str:
+        lines = [
+            f"bucketing={self.mode}: {self.n_collectives_before} -> {self.n_collectives_after} collectives "
+            f"({len(self.merged)} merged buckets)"
+        ]
+        if self.choice is not None:
+            lines.append("  " + _describe_choice(self.choice))
+        for b in self.merged:
+            lines.append(
+                f"  {b.op.value} pg={b.group_name} {b.dtype} x{len(b)} {b.comm_bytes} B [{b.label}] "
+                f"closed by {b.close_reason}"
+            )
+        if self.unmatched_entries:
+            lines.append(f"  plan entries matching nothing: {', '.join(self.unmatched_entries)}")
+        if self.blocks:
+            lines.append(f"  blocks: {', '.join(self.blocks)}")
+        for name, why in self.unattributed.items():
+            lines.append(f"  {name}: no parameter or module name ({why})")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "n_collectives_before": self.n_collectives_before,
+            "n_collectives_after": self.n_collectives_after,
+            "buckets": [b.to_json() for b in self.buckets],
+            "unbucketed": dict(self.unbucketed),
+            "unmatched_entries": list(self.unmatched_entries),
+            "collectives": list(self.collectives),
+            "gathers_ahead_of_reductions": self.rewrite.gathers_ahead_of_reductions if self.rewrite else 0,
+            "attribution": dict(self.attribution),
+            "unattributed": dict(self.unattributed),
+            "blocks": list(self.blocks),
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "memory_budget_used_bytes": self.memory_budget_used_bytes,
+            **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
+        }
+
+
+def bucket_graph(
+    graph: fx.Graph | fx.GraphModule,
+    options: Options | None = None,
+    cost_model: CostModel | None = None,
+    *,
+    param_fqns: Mapping[str, str] | None = None,
+    graph_name: str = "graph",
+) -> BucketingResult:
+    """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
+
+    cost_model: a ``fsdp_passes.cost_model.CostModel`` for ``bucketing="auto"`` (default: one built from
+        ``options.cluster`` / ``options.calibration``).
+    param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
+    graph_name: names the graph in ``result.report``.
+
+    Memory: the plan's rank-invariant claim (``choice.memory_claim``) stays within ``memory_budget``; the
+    claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
+
+    Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
+    ``options.strict``; otherwise they are reported in the result and warned about.
+    """
+    options = options or Options()
+    g = graph.graph if isinstance(graph, fx.GraphModule) else graph
+    dag = dag_from_fx(g)
+    if cost_model is None and options.bucketing != "none":
+        from ..cost_model import CostModel
+
+        cost_model = CostModel.from_options(options.cluster, options.calibration)
+    budget = graph_memory_budget(dag, options)
+    choice = None
+    if options.bucketing == "auto":
+        from .choice import choose_auto_plan
+
+        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns)
+        plan = choice.plan
+    else:
+        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
+    after = None
+    if plan.unmatched_entries:
+        warnings.warn(
+            f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
+            f"bucketable collective of graph {graph_name} ({plan.n_collectives_before} collectives)"
+            + fqns_seen_hint(plan.fqns_seen),
+            stacklevel=2,
+        )
+    attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp)
+    stats = apply_buckets(graph, dag, plan.buckets)
+    used = memory_claim(plan.buckets)
+    if options.reorder:
+        # re-gathers ahead of the reductions before them, for reductions whose inputs fit in what is left
+        others = memory_claim([b for b in plan.buckets if b.op is not CollectiveOp.REDUCE_SCATTER])
+        moved_bytes: list[int] = []
+        before = dag_from_fx(g)
+        stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
+            g, before, max_moved_bytes=budget - others, moved_bytes=moved_bytes)
+        if stats.gathers_ahead_of_reductions:
+            after = renumbered(before, g) or dag_from_fx(g)
+        used = memory_claim(plan.buckets, max(moved_bytes, default=0))
+    result = BucketingResult(
+        mode=options.bucketing,
+        buckets=plan.buckets,
+        n_collectives_before=plan.n_collectives_before,
+        n_collectives_after=plan.n_collectives_after,
+        unbucketed={dag.nodes[i].name: why for i, why in sorted(plan.unbucketed.items())},
+        unmatched_entries=list(plan.unmatched_entries),
+        collectives=list(stats.collectives),
+        rewrite=stats,
+        choice=choice,
+        attribution=attribution,
+        unattributed=unattributed,
+        blocks=blocks,
+        memory_budget_bytes=budget,
+        memory_budget_used_bytes=used,
+    )
+    result.report = _report(result, dag, g, options, cost_model, graph_name, after)
+    return result
+
+
+
+def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None, bucket_non_fsdp: bool = False,
+                          ) -> tuple[dict[str, dict[str, str | None]], dict[str, str], list[str]]:
+    """Per bucketable collective, the parameter it moves and the module that ran it; the ones with neither,
+    and why; and the blocks (repeated sibling modules) their FQNs fall into, in graph order."""
+    from ..bucketing.manual import collective_fqn
+    from ..bucketing.plan import bucketability, param_name
+    from ..bucketing.blocks import block_keys
+
+    attribution: dict[str, dict[str, str | None]] = {}
+    unattributed: dict[str, str] = {}
+    fqns: dict[int, str | None] = {}
+    for c in dag.collectives():
+        if bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp):
+            continue
+        node = dag.nodes[c]
+        param = param_name(node)
+        if not param and param_fqns and node.param_fqn:
+            param = param_fqns.get(node.param_fqn)
+        attribution[node.name] = {"param": param, "module": node.module_fqn}
+        fqns[c] = collective_fqn(node, param_fqns)
+        if not param and not node.module_fqn:
+            unattributed[node.name] = (
+                "its input is not a chain of casts / views / gathers from a parameter Dynamo saw (or the pre-grad "
+                "pass did not run), and the node has no nn_module_stack / fwd_nn_module_stack / module_fqn meta")
+    blocks: list[str] = []
+    keys = block_keys(fqns)
+    for c in fqns:
+        key = keys[c]
+        parts = key.split(".") if key else []
+        if key and len(parts) > 1 and parts[-1].isdigit() and key not in blocks:
+            blocks.append(key)
+    return attribution, unattributed, blocks
+
+
+def _describe_choice(choice: AutoChoice) -> str:
+    parts = []
+    for c in choice.candidates:
+        if c.skipped:
+            parts.append(f"{c.name} skipped ({c.skipped})")
+        elif c.same_as:
+            parts.append(f"{c.name}=={c.same_as}")
+        elif c.rejected:
+            parts.append(f"{c.name} rejected ({c.rejected})")
+        else:
+            parts.append(f"{c.name} {c.makespan_ms:.4g} ms / exposed {c.exposed_ms:.4g} ms / {c.n_collectives} coll")
+    return f"auto chose {choice.chosen} of: " + "; ".join(parts)
+
+
+def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: CostModel | None,
+            graph_name: str, after: Dag | None = None) -> GraphReport:
+    """A ``GraphReport`` (pass "fx"): counts and the memory budget always; simulated time and memory (on the
+    kernels predicted from the FX graph: for information, the promise is kept at the scheduler level) with a
+    cost model."""
+    from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
+
+    report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
+                         n_collectives_after=result.n_collectives_after, options=options.to_json())
+    report.extra["bucketing"] = result.to_json()
+    report.extra["memory_budget_bytes"] = result.memory_budget_bytes
+    report.extra["memory_budget_used_bytes"] = result.memory_budget_used_bytes
+    if after is None:
+        after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
+    report.collective_fingerprint = collective_fingerprint(after)
+    if cost_model is not None:
+        from ..dag.fusion import predict_kernels
+
+        # timed and sized as the kernels Inductor generates from the graph, as the scheduler pass sees them
+        before, after = predict_kernels(before), predict_kernels(after)
+        fill_schedule_numbers(
+            report,
+            (before, list(range(len(before))), cost_model.estimate(before)),
+            (after, list(range(len(after))), cost_model.estimate(after)),
+        )
+    return report

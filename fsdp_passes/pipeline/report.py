@@ -1,0 +1,102 @@
+"""What one pass did to one compiled graph: the numbers logged, dumped and returned to tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dag.graph import Dag, NodeKind
+from ..simulate import Timeline, lower_bound, simulate
+
+
+@dataclass
+class GraphReport:
+    graph: str  # e.g. "000_fwd": compile order, then forward / backward / inference
+    pass_name: str  # "fx" (bucketing) or "scheduler" (reordering)
+    n_collectives_before: int = 0
+    n_collectives_after: int = 0
+    exposed_comm_ms_before: float = 0.0
+    exposed_comm_ms_after: float = 0.0
+    makespan_ms_before: float = 0.0
+    makespan_ms_after: float = 0.0
+    lower_bound_ms: float = 0.0
+    peak_memory_bytes_before: int = 0
+    peak_memory_bytes_after: int = 0
+    pass_time_s: float = 0.0
+    collective_fingerprint: str = ""
+    collectives_moved: int = 0
+    fallback: str | None = None  # why the original graph / order was kept, if it was
+    options: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def one_line(self) -> str:
+        return (
+            f"{self.graph} [{self.pass_name}] collectives {self.n_collectives_before} -> {self.n_collectives_after}, "
+            f"exposed comm {self.exposed_comm_ms_before:.3f} -> {self.exposed_comm_ms_after:.3f} ms, "
+            f"makespan {self.makespan_ms_before:.3f} -> {self.makespan_ms_after:.3f} ms "
+            f"(lower bound {self.lower_bound_ms:.3f}), peak memory {self.peak_memory_bytes_before} -> "
+            f"{self.peak_memory_bytes_after} B, {self.collectives_moved} collectives moved, "
+            f"{self.pass_time_s * 1e3:.1f} ms in pass" + (f", FELL BACK: {self.fallback}" if self.fallback else "")
+        )
+
+
+def collective_fingerprint(dag: Dag, order: list[int] | None = None) -> str:
+    """A hash of each process group's collective sequence (op, group, bytes, dtype) in issue order.
+
+    Ranks that disagree on it would issue different collectives and hang; comparing it across ranks
+    (``fsdp_passes.verify_rank_consistency``) finds that before the first step does.
+    """
+    order = list(range(len(dag))) if order is None else order
+    per_group: dict[str, list[list[Any]]] = {}
+    for i in order:
+        node = dag.nodes[i]
+        if node.kind is NodeKind.COLLECTIVE:
+            per_group.setdefault(node.group_name or "?", []).append(
+                [node.collective.value if node.collective else "?", node.group_name, node.comm_bytes, node.dtype]
+            )
+    text = json.dumps(sorted(per_group.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def collective_sequence(dag: Dag, order: list[int] | None = None) -> list[str]:
+    """The collectives of ``dag`` in issue order (``order``, default graph order), one ``"op group bytes dtype"``
+    string each: what ``collective_fingerprint`` hashes, readable (it names the collective where ranks differ)."""
+    order = list(range(len(dag))) if order is None else order
+    out = []
+    for i in order:
+        node = dag.nodes[i]
+        if node.kind is NodeKind.COLLECTIVE:
+            op = node.collective.value if node.collective else "?"
+            out.append(f"{op} {node.group_name or '?'} {node.comm_bytes} {node.dtype}")
+    return out
+
+
+def fill_schedule_numbers(
+    report: GraphReport,
+    before: tuple[Dag, list[int], list[float]],
+    after: tuple[Dag, list[int], list[float]],
+) -> tuple[Timeline, Timeline]:
+    """Simulate the graph before and after a pass and put the numbers into ``report``.
+
+    ``before`` and ``after`` are (dag, order, per-node durations in ms).  Returns both timelines.
+    """
+    t_before = simulate(*before)
+    t_after = simulate(*after)
+    report.n_collectives_before = len(before[0].collectives())
+    report.n_collectives_after = len(after[0].collectives())
+    report.exposed_comm_ms_before = t_before.exposed_total
+    report.exposed_comm_ms_after = t_after.exposed_total
+    report.makespan_ms_before = t_before.makespan
+    report.makespan_ms_after = t_after.makespan
+    report.lower_bound_ms = lower_bound(after[0], after[2])
+    report.peak_memory_bytes_before = t_before.peak_memory
+    report.peak_memory_bytes_after = t_after.peak_memory
+    report.collective_fingerprint = collective_fingerprint(after[0], after[1])
+    report.extra["collective_sequence"] = collective_sequence(after[0], after[1])
+    return t_before, t_after

@@ -1,0 +1,99 @@
+"""benchmarks/emulated_cluster.py: the smoke run works, its JSON holds the configurations with equal losses,
+and it removes its network namespaces on a normal exit and when terminated.
+
+The runs need root, ``ip`` and ``tc`` (network namespaces, a veth pair, a tbf qdisc); without them those
+tests are skipped.  The one-line refusal without them is tested everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "emulated_cluster.py"
+
+_missing = []
+if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    _missing.append("root")
+_missing += [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+needs_netns = pytest.mark.skipif(
+    bool(_missing),
+    reason=f"emulated cluster needs root, ip and tc (network namespaces + tbf); missing: {', '.join(_missing)}",
+)
+
+
+def _namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0].startswith(prefix + "-")]
+
+
+def _prefix(tag: str) -> str:
+    return f"fsdptest{tag}{os.getpid()}"
+
+
+@needs_netns
+def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
+    out = tmp_path / "smoke.json"
+    prefix = _prefix("s")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--prefix", prefix],
+                          capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["smoke"] is True
+    assert set(data["configs"]) == {"fsdp2_eager", "fsdp_passes"}
+    for name, cfg in data["configs"].items():
+        assert len(cfg["times_s"]) == 2 and cfg["min_s"] <= cfg["median_s"] <= cfg["max_s"], name
+        assert all(isinstance(v, float) for v in cfg["loss"]), (name, cfg["loss"])
+    assert data["losses_equal"], data["loss_max_rel_diff"]
+    assert data["loss_max_rel_diff"] <= 1e-5
+    # the passes really ran inside the compiled configuration (a fallback would have failed the run)
+    assert any("[scheduler]" in line for line in data["extra"]["fsdp_passes_reports"]["fsdp_passes"])
+    assert "fsdp_passes" in proc.stdout and "losses equal across configurations: True" in proc.stdout
+    assert _namespaces(prefix) == []
+    print(f"smoke run took {elapsed:.1f} s")
+
+
+@needs_netns
+def test_namespaces_removed_when_terminated(tmp_path):
+    prefix = _prefix("t")
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "x.json"),
+                             "--prefix", prefix], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(_namespaces(prefix)) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the namespaces never appeared"
+            time.sleep(0.1)
+        time.sleep(1.0)  # the ranks are starting inside them
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    assert _namespaces(prefix) == [], err
+    veths = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"fb{proc.pid}a" not in veths and f"fb{proc.pid}b" not in veths
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_refuses_in_one_line_without_tools(tmp_path):
+    # an empty PATH hides ip and tc (and without root the first complaint is root)
+    env = dict(os.environ, PATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("emulated_cluster: needs "), lines
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,57 @@
+"""benchmarks/fidelity.py: the smoke run predicts and measures every configuration and collective size on
+the emulated cluster and removes its namespaces.  Needs root, ``ip`` and ``tc`` (skipped without them, like
+the emulated-cluster benchmark's runs); the one-line refusal without them is tested everywhere.  The
+benchmark's accuracy targets are reported in its JSON, not asserted here."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
+
+_missing = []
+if not hasattr(os, "geteuid") or os.geteuid() != 0:
+    _missing.append("root")
+_missing += [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+needs_netns = pytest.mark.skipif(
+    bool(_missing), reason=f"the emulated cluster needs root, ip and tc; missing: {', '.join(_missing)}")
+
+
+@needs_netns
+def test_smoke_run_predicts_and_measures_every_configuration(tmp_path):
+    out = tmp_path / "fidelity.json"
+    prefix = f"fsdpfidtest{os.getpid()}"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--prefix", prefix],
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert set(data["configs"]) == {"none", "manual", "auto", "reorder_only"}
+    for name, c in data["configs"].items():
+        assert c["predicted_ms"] > 0 and c["predicted_with_overlap_costs_ms"] >= c["predicted_ms"], name
+        assert len(c["measured_ms"]) == 2 and c["measured_median_ms"] > 0, name
+        assert set(c["predicted_graphs_ms"]) and len(c["reports"]) == 2, name
+    # the profiled step calibrated the compiled kernels; the sweep every op at both sizes
+    assert data["calibration"]["kernels"] > 0
+    assert {(r["op"], r["bytes"]) for r in data["collectives"]} == {
+        (op, b) for op in ("all_gather", "reduce_scatter", "all_reduce") for b in (1024, 65536)}
+    assert set(data["targets"]) == {"every_configuration_within_15pct", "ranking_by_prediction_equals_measured",
+                                    "auto_within_5pct_of_measured_fastest", "every_collective_within_15pct"}
+    out_ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert prefix not in out_ns
+
+
+def test_refuses_in_one_line_without_tools(tmp_path):
+    env = dict(os.environ, PATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "x.json")],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fidelity: needs "), lines
+    assert not (tmp_path / "x.json").exists()

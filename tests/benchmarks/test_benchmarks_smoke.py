@@ -1,0 +1,65 @@
+"""Smoke tests of the benchmark scripts: each runs with --smoke in a subprocess and writes its JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+
+def _run(script: str, out: Path, timeout: float) -> str:
+    env = dict(os.environ)
+    env.setdefault("PYTHONWARNINGS", "ignore")
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert out.exists()
+    return proc.stdout
+
+
+def test_schedule_quality_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "schedule_quality.json"
+    stdout = _run("schedule_quality.py", out, timeout=240)
+    doc = json.loads(out.read_text())
+    assert [r["world_size"] for r in doc["runs"]] == [8]
+    results = doc["runs"][0]["results"]
+    assert set(results) == set("abcdef")
+    # the baseline and our two planners must run; peers may report an error, but then it is in the table
+    for key in ("a", "e", "f"):
+        assert results[key]["error"] is None, results[key]["error"]
+    for key, r in results.items():
+        assert r["name"] in stdout
+        if r["error"] is None:
+            t = r["total"]
+            assert t["makespan_ms"] > 0 and t["n_collectives"] > 0 and t["peak_memory_bytes"] > 0
+            assert t["makespan_ms"] + 1e-9 >= t["lower_bound_ms"]
+            assert {g["graph"] for g in r["graphs"]} == {"forward", "backward"}
+        else:
+            assert "ERROR" in stdout
+    # every configuration scores the same model: fewer (bucketed) or equal collectives than no passes
+    n_a = results["a"]["total"]["n_collectives"]
+    assert all(r["total"]["n_collectives"] <= n_a for r in results.values() if r["error"] is None)
+    assert results["e"]["total"]["exposed_comm_ms"] <= results["a"]["total"]["exposed_comm_ms"] + 1e-9
+    targets = doc["runs"][0]["targets"]
+    assert targets and all(isinstance(t["met"], bool) for t in targets)
+    assert "MET" in stdout or "MISSED" in stdout
+
+
+def test_pass_scaling_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "pass_scaling.json"
+    stdout = _run("pass_scaling.py", out, timeout=120)
+    doc = json.loads(out.read_text())
+    assert len(doc["synthetic"]) == 1
+    entry = doc["synthetic"][0]
+    assert 900 <= entry["nodes"] <= 1100
+    assert set(entry["times_s"]) == {"build", "estimate", "bucket", "reorder", "total"}
+    assert entry["buckets"] <= entry["collectives"]
+    assert entry["fallback"] is None
+    assert doc["captured"] is None
+    assert "growth exponent" in stdout

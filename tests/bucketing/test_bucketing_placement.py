@@ -1,0 +1,78 @@
+"""Backward re-gathers go ahead of the reductions before them (bucketing/placement.py), within the budget."""
+
+import pytest
+
+from fsdp_passes import Options
+from fsdp_passes.pipeline import bucket_graph
+from fsdp_passes.dag import CollectiveOp
+from fsdp_passes.dag.from_fx import dag_from_fx
+from fsdp_passes.testing import build_mlp, capture_fx_graphs, example_inputs
+
+
+@pytest.fixture(scope="module")
+def backward_graph():
+    import torch._dynamo
+
+    from fsdp_passes.testing import fake_process_group
+
+    with fake_process_group(world_size=8):
+        model = build_mlp(n_layers=4, dim=64, reshard_after_forward=True)
+        graphs = capture_fx_graphs(model, *example_inputs(model, batch=16))
+        yield graphs.backward
+    torch._dynamo.reset()
+
+
+def _sequence(gm):
+    dag = dag_from_fx(gm)
+    ((_, seq),) = dag.group_sequences().items()
+    return [dag[i].collective for i in seq]
+
+
+def _copy(gm):
+    import copy
+
+    return copy.deepcopy(gm)
+
+
+PLAN = dict(bucketing="manual", bucket_plan=["layers.[0-3]"])
+
+
+def test_regathers_go_ahead_of_the_previous_reduction(backward_graph):
+    plain = _copy(backward_graph)
+    bucket_graph(plain, Options(**PLAN, reorder=False, memory_budget="100%"))  # same buckets as below
+    before = _sequence(plain)
+    ag, rs = CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER
+    assert any(a is rs and b is ag for a, b in zip(before, before[1:]))  # RS(i) then AG(i-1)
+
+    placed = _copy(backward_graph)
+    result = bucket_graph(placed, Options(**PLAN, reorder=True, memory_budget="100%"))
+    placed.graph.lint()
+    after = _sequence(placed)
+    assert result.rewrite.gathers_ahead_of_reductions >= 2
+
+    def reductions_before_each_gather(seq):
+        out, count = [], 0
+        for kind in seq:
+            count += kind is rs
+            if kind is ag:
+                out.append(count)
+        return out
+
+    # every re-gather after the first now goes ahead of the reduction that used to precede it
+    old, new = reductions_before_each_gather(before), reductions_before_each_gather(after)
+    assert new[0] == old[0] and all(n == o - 1 for n, o in zip(new[1:], old[1:])), (old, new)
+    # only gathers and reductions swapped: each kind keeps its own order and count
+    assert sorted(map(str, after)) == sorted(map(str, before))
+    names = lambda gm, kind: [n.name for n in dag_from_fx(gm) if n.collective is kind]  # noqa: E731
+    assert names(placed, ag) == names(plain, ag) and names(placed, rs) == names(plain, rs)
+    # the report's fingerprint is that of the new sequence
+    assert result.report.collective_fingerprint != bucket_graph(_copy(backward_graph), Options(**PLAN, reorder=False, memory_budget="100%")).report.collective_fingerprint
+
+
+def test_placement_is_undone_when_over_the_memory_budget(backward_graph):
+    plain = _copy(backward_graph)
+    bucket_graph(plain, Options(**PLAN, reorder=False, memory_budget=0))
+    tight = _copy(backward_graph)
+    result = bucket_graph(tight, Options(**PLAN, reorder=True, memory_budget=0))
+    assert result.rewrite.gathers_ahead_of_reductions == 0
+    assert [n.name for n in tight.graph.nodes] == [n.name for n in plain.graph.nodes]

@@ -1,0 +1,76 @@
+"""The calibrate command: a real 2-rank gloo sweep, and the table it writes driving the CostModel."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch.distributed as dist
+
+from fsdp_passes.cost_model import Calibration, CostModel
+from fsdp_passes.cli.calibrate import add_arguments, parse_size, run
+from fsdp_passes.cost_model.calibrate import calibrate
+from fsdp_passes.dag.graph import CollectiveOp
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_parse_size_and_arguments():
+    assert parse_size("65536") == 65536
+    assert parse_size("64K") == parse_size("64KiB") == 65536
+    assert parse_size("1M") == 1 << 20
+    with pytest.raises(ValueError, match="sizes"):
+        parse_size("lots")
+    args = _parse(["--out", "x.json", "--sizes", "4K", "1M", "--iters", "3"])
+    assert args.sizes == [4096, 1 << 20] and args.iters == 3 and args.world_size == 2
+    assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
+
+
+def test_run_rejects_bad_arguments(tmp_path, capsys):
+    assert run(_parse(["--out", str(tmp_path / "c.json"), "--iters", "0"])) == 2
+    assert "--iters" in capsys.readouterr().err
+    assert run(_parse(["--out", str(tmp_path / "c.json"), "--world-size", "1"])) == 2
+    assert run(_parse(["--out", str(tmp_path / "c.json"), "--dtype", "int64"])) == 2
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_inside_an_existing_process_group(tmp_path):
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        cal = calibrate(sizes=[4096, 65536], iters=2, warmup=1, ops=[CollectiveOp.ALL_REDUCE])
+        assert [b for b, _ in cal.points(CollectiveOp.ALL_REDUCE, 1)] == [4096, 65536]
+        out = tmp_path / "one.json"
+        assert run(_parse(["--out", str(out), "--sizes", "4K", "--iters", "2", "--ops", "all_gather"])) == 0
+        assert Calibration.load(out).points(CollectiveOp.ALL_GATHER, 1)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_calibrate_spawns_two_gloo_ranks_and_model_reproduces_it(tmp_path):
+    out = tmp_path / "gloo.json"
+    sizes = ["4K", "64K", "1M", "4M"]
+    args = _parse(["--out", str(out), "--sizes", *sizes, "--iters", "5", "--warmup", "1", "--world-size", "2"])
+    assert run(args) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["backend"] == "gloo" and data["meta"]["world_size"] == 2
+    cal = Calibration.load(out)
+    model = CostModel.from_options("cpu-gloo", str(out))
+    expected_sizes = [parse_size(s) for s in sizes]
+    for op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE):
+        points = cal.points(op, 2)
+        assert [b for b, _ in points] == expected_sizes
+        for nbytes, ms in points:
+            assert ms > 0
+            assert model.collective_ms(op, nbytes, 2) == pytest.approx(ms, rel=0.15)
+        # between two measured sizes the prediction stays between their times
+        for (b0, t0), (b1, t1) in zip(points, points[1:]):
+            mid = model.collective_ms(op, (b0 + b1) // 2, 2)
+            assert min(t0, t1) <= mid <= max(t0, t1)
+        # sizes never measured for this group size fall back to the profile
+        assert model.collective_ms(op, 1 << 20, 4) == CostModel.from_options("cpu-gloo").collective_ms(op, 1 << 20, 4)

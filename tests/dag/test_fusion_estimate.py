@@ -1,0 +1,79 @@
+"""The FX pass's estimate of a graph (its DAG contracted to predicted kernels) against the scheduler pass's
+estimate of the same graph after Inductor's own fusion, from one compile.
+
+The reference is Inductor's fusion: the scheduler nodes the compile produced (``capture_scheduler_nodes``),
+priced by the same cost model.  The FX side is the post-grad graph that compile lowered
+(``graph_lowering.module``), through ``dag_from_fx`` and ``predict_kernels``.
+"""
+
+import pytest
+import torch
+
+from fsdp_passes.cost_model import CostModel
+from fsdp_passes.dag.fusion import predict_kernels
+from fsdp_passes.dag.from_fx import dag_from_fx
+from fsdp_passes.simulate import simulate
+from fsdp_passes.testing import build_llama, build_mlp, capture_scheduler_nodes, example_inputs
+
+_PLANS = {"mlp": ["layers.[0-9]"], "llama": ["tok_embeddings", "layers.[0-9]", ["norm", "output"]]}
+
+
+def _estimate(dag, cost_model):
+    tl = simulate(dag, list(range(len(dag))), cost_model.estimate(dag))
+    return tl.makespan, tl.exposed_total, tl.peak_memory
+
+
+def _close(a, b, tol=0.10):
+    return abs(a - b) <= tol * max(abs(b), 1e-9)
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "llama"])
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
+@pytest.mark.parametrize("bucketing", ["none", "manual"])
+def test_fx_estimate_matches_scheduler_estimate(fake_pg, fresh_inductor, model_name, reshard, bucketing):
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+
+    build = build_mlp if model_name == "mlp" else build_llama
+    kwargs = {"n_layers": 2, "dim": 64} if model_name == "mlp" else {}
+    model = build(reshard_after_forward=reshard, param_dtype=torch.bfloat16, **kwargs)
+    options = {"bucketing": bucketing, "reorder": False}
+    if bucketing == "manual":
+        options["bucket_plan"] = _PLANS[model_name]
+    caps = capture_scheduler_nodes(model, *example_inputs(model), options=options)
+    assert [c.graph_name for c in caps] == ["forward", "backward"]
+    cost_model = CostModel.from_options("h100-nvlink")
+    for cap in caps:
+        with cap.graph_context():
+            sched = dag_from_scheduler_nodes(cap.before)
+        unfused = dag_from_fx(cap.graph_lowering.module)
+        fused = predict_kernels(unfused)
+        s_mk, s_exp, s_peak = _estimate(sched, cost_model)
+        f_mk, f_exp, f_peak = _estimate(fused, cost_model)
+        where = f"{cap.graph_name}: fx {f_mk:.4f} ms / {f_exp:.4f} ms / {f_peak} B, scheduler {s_mk:.4f} / {s_exp:.4f} / {s_peak}"
+        # same collectives in the same order on both sides
+        assert [fused[i].comm_bytes for i in fused.collectives()] == [sched[i].comm_bytes for i in sched.collectives()]
+        assert _close(f_mk, s_mk), where
+        assert _close(f_exp, s_exp), where
+        # node by node the FX graph is slower: each view and elementwise op priced as a kernel of its own
+        assert _estimate(unfused, cost_model)[0] - s_mk > abs(f_mk - s_mk), where
+        if cap.graph_name == "forward" and bucketing == "none":
+            # peak memory agrees where Inductor keeps the graph's order; elsewhere its peak-memory reordering
+            # (not modelled) moves buffers' lifetimes (docs/design.md)
+            assert _close(f_peak, s_peak), where
+
+
+def test_predict_kernels_keeps_collectives_waits_and_extern_kernels(fake_pg, fresh_inductor):
+    from fsdp_passes.testing import capture_fx_graphs
+
+    model = build_mlp(n_layers=2, dim=32, reshard_after_forward=False)
+    graphs = capture_fx_graphs(model, *example_inputs(model))
+    dag = dag_from_fx(graphs.backward)
+    fused = predict_kernels(dag)
+    assert len(fused) < len(dag)
+    assert [fused[i].name for i in fused.collectives()] == [dag[i].name for i in dag.collectives()]
+    for i in fused.collectives():
+        waits = fused.waits_of(i)
+        assert len(waits) == 1 and fused[waits[0]].alias_of == i
+    mms = sorted(n.name for n in dag if n.op.startswith("aten.mm"))
+    assert mms == sorted(n.name for n in fused if n.op.startswith("aten.mm"))
+    assert fused.order_violations(list(range(len(fused)))) == []

@@ -1,0 +1,291 @@
+"""``data_parallel`` on real gloo groups: training numerics against the unsharded model in one process.
+
+A small Llama with a vocabulary (67 rows) that no world size here divides, so the embedding and output
+weights are stored as padded shards.  The rank functions compare on the rank and return plain values (tensors
+do not survive the trip out of a finished spawned process).
+"""
+
+from __future__ import annotations
+
+from fsdp_passes.testing import run_on_gloo
+
+VOCAB = 67
+LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
+STEPS = 5
+GLOBAL_BATCH = 4
+PASSES = dict(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
+
+
+def _fresh_compile_state() -> None:
+    import torch._dynamo
+    import torch._inductor.config as ic
+
+    ic.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    torch._dynamo.reset()
+
+
+def _batches(n_data_ranks: int, data_rank: int) -> list:
+    """``STEPS`` global batches (token ids, targets); this rank's slice when ``n_data_ranks`` > 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(STEPS):
+        tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, LLAMA["seq_len"] + 1), generator=g)
+        per = GLOBAL_BATCH // n_data_ranks
+        part = tokens[data_rank * per:(data_rank + 1) * per]
+        out.append((part[:, :-1], part[:, 1:]))
+    return out
+
+
+def _train(model, fn, batches: list) -> tuple[list, object]:
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = []
+    for tokens, targets in batches:
+        loss = F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach())
+    return losses, opt
+
+
+def _reference() -> dict:
+    """The unsharded model trained on the global batches, in this process."""
+    from fsdp_passes.testing import build_llama
+
+    model = build_llama(**LLAMA, fsdp=False)
+    _train(model, model, _batches(1, 0))
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def _full_params(model) -> dict:
+    return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
+
+
+def _max_rel(got: dict, ref: dict) -> float:
+    return max(((got[n] - r).norm() / r.norm().clamp_min(1e-30)).item() for n, r in ref.items())
+
+
+def _padding_is_zero(model) -> bool:
+    return all(bool((s.storage[s.info.local_rows:] == 0).all())
+               for m in model.modules() for s in getattr(m, "_fsdp_shards", {}).values())
+
+
+def _passes_summary(reports: list) -> dict:
+    fx = [r for r in reports if r.pass_name == "fx"]
+    return {"graphs": sorted({r.graph.split("_")[1] for r in reports}),
+            "fallbacks": [r.fallback for r in reports if r.fallback],
+            "merged": sum(r.n_collectives_before - r.n_collectives_after for r in fx)}
+
+
+def _fsdp_run(rank: int, world_size: int) -> dict:
+    import torch
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama
+
+    ref = _reference()
+    batches = _batches(world_size, rank)
+    out = {}
+    runs = {
+        "compiled_reshard": dict(compiled=True, passes=PASSES, options=dict(reshard_after_forward=True)),
+        "eager": dict(compiled=False, passes=None, options=dict(reshard_after_forward=True)),
+        "compiled_keep_separate": dict(compiled=True, passes=PASSES,
+                                       options=dict(reshard_after_forward=False, reduce_scatter_group="separate")),
+    }
+    for name, run in runs.items():
+        model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), **run["options"])
+        _fresh_compile_state()
+        fsdp_passes.last_reports(clear=True)
+        if run["passes"]:
+            fsdp_passes.enable(**run["passes"])
+        fn = torch.compile(model, fullgraph=True) if run["compiled"] else model
+        try:
+            _, opt = _train(model, fn, batches)
+        finally:
+            fsdp_passes.disable()
+        # the optimizer sees the unpadded local shards: its states have their shapes
+        opt_shapes_unpadded = all(opt.state[p][k].to_local().shape == p.to_local().shape
+                                  for p in model.parameters() for k in ("exp_avg", "exp_avg_sq"))
+        out[name] = {
+            "max_rel": _max_rel(_full_params(model), ref),
+            "padding_zero": _padding_is_zero(model),
+            "passes": _passes_summary(fsdp_passes.last_reports()),
+            "rs_groups": sorted({(i.group_name, i.reduce_scatter_group_name)
+                                 for i in fsdp_passes.frontend.sharded_params(model).values()}),
+            "opt_shapes_unpadded": opt_shapes_unpadded,
+            "padded_params": sum(i.local_rows != i.shard_shape[0]
+                                 for i in fsdp_passes.frontend.sharded_params(model).values()),
+        }
+
+    # bf16 parameters, fp32 reduction: the passes change nothing in the numbers
+    results = {}
+    for with_passes in (False, True):
+        model = fsdp_passes.data_parallel(
+            build_llama(**LLAMA, fsdp=False),
+            mp_policy=fsdp_passes.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+        _fresh_compile_state()
+        if with_passes:
+            fsdp_passes.enable(**PASSES)
+        try:
+            losses, _ = _train(model, torch.compile(model, fullgraph=True), batches[:3])
+        finally:
+            fsdp_passes.disable()
+        results[with_passes] = (losses, {n: p.to_local().detach() for n, p in model.named_parameters()})
+    (l0, p0), (l1, p1) = results[False], results[True]
+    out["bf16"] = {"losses_bitwise": all(torch.equal(a, b) for a, b in zip(l0, l1)),
+                   "params_bitwise": all(torch.equal(p0[n], p1[n]) for n in p0),
+                   "dtypes": sorted({str(p.dtype) for p in p1.values()})}
+    return out
+
+
+def test_fully_shard_trains_like_the_unsharded_model():
+    results = run_on_gloo(2, _fsdp_run, timeout=900)
+    for rank, res in enumerate(results):
+        for name in ("compiled_reshard", "eager", "compiled_keep_separate"):
+            got = res[name]
+            assert got["max_rel"] <= 1e-5, (rank, name, got["max_rel"])
+            assert got["padding_zero"] and got["opt_shapes_unpadded"], (rank, name)
+            assert got["padded_params"] == 2 * rank, (rank, name)  # rank 1 pads embedding and output
+        for name in ("compiled_reshard", "compiled_keep_separate"):
+            passes = res[name]["passes"]
+            assert passes["graphs"] == ["bwd", "fwd"] and not passes["fallbacks"], (rank, name, passes)
+        # one group for gathers and reductions by default; a second group over the same ranks with "separate"
+        (ag, rs), = res["compiled_reshard"]["rs_groups"]
+        assert ag == rs
+        (ag, rs), = res["compiled_keep_separate"]["rs_groups"]
+        assert ag != rs
+        assert res["bf16"]["losses_bitwise"] and res["bf16"]["params_bitwise"], (rank, res["bf16"])
+        assert res["bf16"]["dtypes"] == ["torch.float32"]  # the optimizer's copy stays fp32
+
+
+def _hybrid_run(rank: int, world_size: int) -> dict:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    ref = _reference()
+    model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), mesh, mode="hybrid_shard")
+    _fresh_compile_state()
+    fsdp_passes.enable(**PASSES)
+    try:
+        _train(model, torch.compile(model, fullgraph=True), _batches(world_size, rank))
+    finally:
+        fsdp_passes.disable()
+    reports = fsdp_passes.last_reports()
+    placements = {str(p.placements) for p in model.parameters()}
+    return {"max_rel": _max_rel(_full_params(model), ref), "padding_zero": _padding_is_zero(model),
+            "passes": _passes_summary(reports), "placements": sorted(placements)}
+
+
+def test_hybrid_shard_on_a_2x2_mesh_trains_like_the_unsharded_model():
+    results = run_on_gloo(4, _hybrid_run, timeout=900)
+    for rank, res in enumerate(results):
+        assert res["max_rel"] <= 1e-5, (rank, res["max_rel"])
+        assert res["padding_zero"], rank
+        assert res["placements"] == ["(Replicate(), Shard(dim=0))"], res["placements"]
+        assert res["passes"]["graphs"] == ["bwd", "fwd"] and not res["passes"]["fallbacks"], res["passes"]
+
+
+# -- checkpoints: save on 2 ranks, load on 4 and back -------------------------------------------------------
+
+def _global_loss(loss):
+    import torch.distributed as dist
+
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return (total / dist.get_world_size()).item()
+
+
+def _eager_steps(model, opt, batches: list, steps: range) -> list[float]:
+    import torch.nn.functional as F
+
+    losses = []
+    for i in steps:
+        tokens, targets = batches[i]
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(_global_loss(loss))
+    return losses
+
+
+def _checkpoint_phase(rank: int, world_size: int, folder: str, phase: str) -> dict:
+    """A: 2 ranks train steps 0-4, saving sharded and full checkpoints after step 1.  B: 4 ranks load either
+    checkpoint, train steps 2-3, save sharded.  C: 2 ranks load B's checkpoint and train step 4."""
+    import os
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama
+
+    def fresh(seed: int):
+        model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False, seed=seed))
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+    def save_sharded(model, opt, name: str) -> None:
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(folder, name))
+
+    def load_sharded(model, opt, name: str) -> None:
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=os.path.join(folder, name))
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    batches = _batches(world_size, rank)
+    out: dict = {}
+    if phase == "A":
+        model, opt = fresh(0)
+        out["losses"] = _eager_steps(model, opt, batches, range(0, 2))
+        save_sharded(model, opt, "after_step_1")
+        full = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save(full, os.path.join(folder, "after_step_1_full.pt"))
+        unsharded = build_llama(**LLAMA, fsdp=False).state_dict()
+        out["full_shapes_unpadded"] = list(full[0]) == list(unsharded) and all(
+            v.shape == unsharded[k].shape for k, v in full[0].items())
+        out["losses"] += _eager_steps(model, opt, batches, range(2, STEPS))
+    elif phase == "B":
+        sharded, opt_s = fresh(1)  # other initial weights: the checkpoint must overwrite them
+        load_sharded(sharded, opt_s, "after_step_1")
+        full_model, opt_f = fresh(2)
+        torch.distributed.barrier()
+        msd, osd = torch.load(os.path.join(folder, "after_step_1_full.pt"), weights_only=False)
+        set_state_dict(full_model, opt_f, model_state_dict=msd, optim_state_dict=osd,
+                       options=StateDictOptions(full_state_dict=True))
+        out["padding_zero_after_load"] = _padding_is_zero(sharded) and _padding_is_zero(full_model)
+        out["losses_sharded"] = _eager_steps(sharded, opt_s, batches, range(2, 4))
+        out["losses_full"] = _eager_steps(full_model, opt_f, batches, range(2, 4))
+        save_sharded(sharded, opt_s, "after_step_3")
+    else:
+        model, opt = fresh(3)
+        load_sharded(model, opt, "after_step_3")
+        out["losses"] = _eager_steps(model, opt, batches, range(4, STEPS))
+    return out
+
+
+def test_checkpoint_save_on_2_ranks_load_on_4_and_back(tmp_path):
+    import math
+
+    a = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "A", timeout=300)[0]
+    b = run_on_gloo(4, _checkpoint_phase, str(tmp_path), "B", timeout=300)[0]
+    c = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "C", timeout=300)[0]
+    assert a["full_shapes_unpadded"]
+    assert b["padding_zero_after_load"]
+    close = lambda x, y: all(math.isclose(u, v, rel_tol=1e-5) for u, v in zip(x, y, strict=True))  # noqa: E731
+    assert close(b["losses_sharded"], a["losses"][2:4]), (b, a)
+    assert close(b["losses_full"], a["losses"][2:4]), (b, a)
+    assert close(c["losses"], a["losses"][4:]), (c, a)
