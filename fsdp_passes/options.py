@@ -48,9 +48,10 @@ class Options:
     cluster: name of a shipped cluster profile, a profile JSON file or a mapping of profile values.
     calibration: path of a JSON calibration table (``python -m fsdp_passes calibrate``); loaded and checked
         when the options are made.
-    memory_budget: extra peak memory the passes may add over the unplanned graph: bytes (int), a size
-        string with its unit ("512MB", "2GiB", "4096B"; a bare "5" is ambiguous and rejected) or a
-        percentage of the baseline peak ("5%").
+    memory_budget: extra peak memory the passes may add, per graph, over the peak of Inductor's own order of
+        the graph without them: bytes (int), a size string with its unit ("512MB", "2GiB", "4096B"; a bare
+        "5" is ambiguous and rejected) or a percentage ("5%") of the graph's FSDP payload (gathered
+        parameters + gradients to reduce: the same on every rank).
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
@@ -84,10 +85,10 @@ class Options:
             out[f.name] = value
         return out
 
-    def memory_budget_bytes(self, baseline_peak: int, resident_bytes: int = 0) -> int:
-        """The budget in bytes for a graph whose unplanned peak is ``baseline_peak`` bytes of intermediates
-        on top of ``resident_bytes`` of graph inputs; a percentage is of the two together."""
-        return parse_memory_budget(self.memory_budget, baseline_peak + resident_bytes)
+    def memory_budget_bytes(self, reference_bytes: int) -> int:
+        """The budget in bytes; a percentage is of ``reference_bytes`` (the passes use the graph's FSDP
+        payload, ``bucketing.plan.fsdp_payload_bytes``: rank-invariant, unlike any activation-sized peak)."""
+        return parse_memory_budget(self.memory_budget, reference_bytes)
 
     @classmethod
     def from_env(cls, base: "Options | None" = None, environ: Mapping[str, str] | None = None) -> "Options":
@@ -133,7 +134,7 @@ _BUDGET_FORMS = ("bytes as an int (536870912), a size string with a unit ('512MB
                  "percentage ('5%')")
 
 
-def parse_memory_budget(value: Union[int, str], baseline_peak: int) -> int:
+def parse_memory_budget(value: Union[int, str], reference_bytes: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         _fail("memory_budget", value, _BUDGET_FORMS)
     if isinstance(value, int):
@@ -143,7 +144,7 @@ def parse_memory_budget(value: Union[int, str], baseline_peak: int) -> int:
         number = text[:-1].strip()
         if not _NUMBER_RE.match(number):
             _fail("memory_budget", value, _BUDGET_FORMS)
-        return int(float(number) / 100.0 * baseline_peak)
+        return int(float(number) / 100.0 * reference_bytes)
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         _fail("memory_budget", value, _BUDGET_FORMS)

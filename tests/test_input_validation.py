@@ -277,12 +277,14 @@ def test_unmatched_plan_entry_warning_lists_the_fqns_seen(fake_pg):
     strict_copy = copy.deepcopy(graphs.forward.graph)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = fsdp_passes.bucket_graph(graphs.forward, bucketing="manual", bucket_plan=plan)
+        # a budget the whole-layer bucket fits in: only the unmatched entry is warned about
+        result = fsdp_passes.bucket_graph(graphs.forward, bucketing="manual", bucket_plan=plan, memory_budget="1GB")
     messages = [str(w.message) for w in caught if "bucket_plan" in str(w.message)]
     assert len(messages) == 1, messages  # once per graph, not twice
     assert "'layer.1'" in messages[0] and "FQNs seen: " + ", ".join(fqns[:2]) in messages[0], (messages, fqns)
     assert result.unmatched_entries == ["layer.1"]
     # strict: the error lists them the same way
     with pytest.raises(ValueError) as err:
-        fsdp_passes.bucket_graph(strict_copy, bucketing="manual", bucket_plan=plan, strict=True)
+        fsdp_passes.bucket_graph(strict_copy, bucketing="manual", bucket_plan=plan, strict=True,
+                                 memory_budget="1GB")
     assert "FQNs seen: " + ", ".join(fqns[:2]) in str(err.value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .auto import plan_auto
 from .blocks import block_keys, plan_per_block, plan_unmerged
 from .manual import UnmatchedPlanEntry, describe_entries, expand_pattern, expand_plan, plan_manual
-from .plan import Bucket, BucketPlanResult, break_cycles, plan_cycles
+from .plan import Bucket, BucketPlanResult, break_cycles, fsdp_payload_bytes, plan_cycles
 from .placement import issue_gathers_before_reductions, renumbered
 from .rewrite import BUCKET_META_KEY, RewriteStats, apply_buckets
 
@@ -25,6 +25,7 @@ __all__ = [
     "describe_entries",
     "expand_pattern",
     "expand_plan",
+    "fsdp_payload_bytes",
     "issue_gathers_before_reductions",
     "plan_auto",
     "plan_cycles",

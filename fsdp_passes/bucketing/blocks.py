@@ -1,16 +1,15 @@
 """Candidate plans for ``bucketing="auto"`` beside the greedy one: one bucket per module block, and no merging.
 
-``fsdp_passes.pipeline.choice`` scores them against the greedy plan after reordering and picks one.
+``fsdp_passes.pipeline.choice`` scores them against the greedy plan and picks one.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from ..dag.graph import Dag
-from .auto import _Open, _timeline
 from .manual import collective_fqn
-from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, split_dependent
+from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, cut_to_bound, make_bucket, split_dependent
 
 __all__ = ["block_keys", "plan_per_block", "plan_unmerged"]
 
@@ -48,14 +47,13 @@ def block_keys(fqns: Mapping[int, str | None]) -> dict[int, str | None]:
 
 
 def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
-                   cap_bytes: int | None = None, memory_budget_bytes: int | None = None,
-                   durations: Sequence[float] | None = None) -> BucketPlanResult:
+                   cap_bytes: int | None = None, memory_budget_bytes: int | None = None) -> BucketPlanResult:
     """One bucket per module block (see ``block_keys``) per (op, group, reduce op, dtype, group size).
 
     Members that depend on each other are split into runs (``close_reason="dependency"``).  A run is cut
-    where the next member would take it over ``cap_bytes`` (``"size_cap"``) or over ``memory_budget_bytes``
-    on the greedy planner's per-bucket memory estimate (``"memory"``; needs ``durations``, the estimate's
-    timeline), so both candidates obey the same per-bucket limits.  Collectives without an FQN stay alone.
+    where the next member would take it over ``cap_bytes`` (``"size_cap"``) or its ``extra_bytes_bound`` over
+    ``memory_budget_bytes`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
+    without an FQN stay alone.
     """
     collectives = dag.collectives()
     unbucketed: dict[int, str] = {}
@@ -67,11 +65,6 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
         else:
             fqns[c] = collective_fqn(dag.nodes[c], param_fqns)
     blocks = block_keys(fqns)
-    timeline = None
-    if memory_budget_bytes is not None:
-        if durations is None:
-            raise ValueError("plan_per_block: memory_budget_bytes needs durations")
-        timeline = _timeline(dag, durations)
     groups: dict[tuple, list[int]] = {}
     buckets: list[Bucket] = []
     for c in fqns:  # graph order
@@ -84,44 +77,12 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
         label = f"block:{block}"
         runs = split_dependent(dag, members)
         for r_idx, run in enumerate(runs):
-            pieces = _cut(dag, run, cap_bytes, memory_budget_bytes, timeline)
-            for p_idx, (piece, extra, why) in enumerate(pieces):
+            for piece, why in cut_to_bound(dag, run, memory_budget_bytes, cap_bytes):
                 if why is None:
                     why = "dependency" if r_idx < len(runs) - 1 else "plan"
-                b = make_bucket(dag, piece, close_reason=why, label=label)
-                b.extra_bytes = extra
-                buckets.append(b)
+                buckets.append(make_bucket(dag, piece, close_reason=why, label=label))
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
-
-
-def _cut(dag: Dag, run: list[int], cap_bytes: int | None, budget: int | None,
-         timeline: tuple[list[float], list[float]] | None) -> list[tuple[list[int], int, str | None]]:
-    """``run`` cut into (members, estimated extra bytes, close reason or None for the last piece)."""
-    first = dag.nodes[run[0]]
-    op, group_size = first.collective, first.group_size or 2
-    ready, use = timeline if timeline is not None else (None, None)
-
-    def start(c: int) -> _Open:
-        return _Open(dag, c, ready[c] if ready else 0.0, use[c] if use else 0.0)
-
-    out: list[tuple[list[int], int, str | None]] = []
-    cur = start(run[0])
-    for j in run[1:]:
-        bj = dag.nodes[j].comm_bytes
-        rj, uj = (ready[j], use[j]) if ready else (0.0, 0.0)
-        why = None
-        if cap_bytes is not None and cur.bytes + bj > cap_bytes:
-            why = "size_cap"
-        elif budget is not None and cur.extra_bytes(op, group_size, (bj, rj, uj)) > budget:
-            why = "memory"
-        if why is None:
-            cur.add(j, bj, rj, uj)
-            continue
-        out.append((cur.members, cur.extra_bytes(op, group_size), why))
-        cur = start(j)
-    out.append((cur.members, cur.extra_bytes(op, group_size), None))
-    return out
 
 
 def plan_unmerged(dag: Dag, like: BucketPlanResult, reason: str = "score") -> BucketPlanResult:
@@ -131,4 +92,4 @@ def plan_unmerged(dag: Dag, like: BucketPlanResult, reason: str = "score") -> Bu
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=dict(like.unbucketed),
                             n_collectives_before=like.n_collectives_before,
-                            unmatched_entries=list(like.unmatched_entries), fqns_seen=list(like.fqns_seen))
+                            unmatched_entries=list(like.unmatched_entries))

@@ -9,10 +9,11 @@ This rewrite moves the run of reductions (reduce-scatters, all-reduces) that imm
 all-gather in its group, with the nodes between them that use the reductions' results, to just after that
 all-gather.  The sequence becomes gather(i), gather(i-1), reduce-scatter(i), ...: in the rewritten graph
 order nothing is issued earlier than before (the reductions are issued a little later, right after the
-gather), so the baseline memory does not grow; the reordering pass may then prefetch gather(i-1) under
+gather), but the reductions' inputs now live while the gather's output does, so a run moves only when its
+payload fits in the memory budget left (``bucket_graph``); the reordering pass may then prefetch gather(i-1) under
 compute(i) when its memory budget allows, and issues reduce-scatter(i) right behind it.
 
-It is a pure function of the graph, so every rank makes the same change; an all-gather never passes another
+It is a pure function of the graph and the budget (payload bytes only), so every rank makes the same change; an all-gather never passes another
 all-gather and reductions keep their order among themselves.  The ``collective_fingerprint`` in the dumps
 records the resulting sequence.
 """
@@ -49,11 +50,16 @@ def _users_before(starts: list[fx.Node], stop: fx.Node, position: dict[fx.Node, 
     return sorted(found, key=position.__getitem__)
 
 
-def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag) -> int:
+def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_bytes: int | None = None,
+                                    moved_bytes: list[int] | None = None) -> int:
     """Move each run of reductions that precedes an FSDP all-gather in its group to just after the gather.
 
     ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many all-gathers now go ahead of
     reductions that used to precede them.
+
+    Memory: a moved run's inputs stay alive while the gather's output exists, at most the run's payload
+    (its reductions' ``comm_bytes``).  Only runs whose payload is within ``max_moved_bytes`` move (None: all);
+    the payload of each moved run is appended to ``moved_bytes``.  Both are payloads, the same on every rank.
     """
     position = {node: i for i, node in enumerate(graph.nodes)}
     moved = 0
@@ -67,6 +73,9 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag) -> int:
                 first -= 1
             if first == k:
                 continue
+            payload = sum(dag.nodes[i].comm_bytes for i in seq[first:k])
+            if max_moved_bytes is not None and payload > max_moved_bytes:
+                continue
             reductions = [dag.nodes[i].origin for i in seq[first:k]]
             nodes = _users_before(reductions, gather.origin, position)
             if nodes is None:
@@ -76,6 +85,8 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag) -> int:
                 anchor.append(node)
                 anchor = node
             moved += 1
+            if moved_bytes is not None:
+                moved_bytes.append(payload)
             position = {n: i for i, n in enumerate(graph.nodes)}
     return moved
 

@@ -20,8 +20,7 @@ BUCKETABLE_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, Collecti
 CLOSE_REASONS = (
     "plan",        # a manual plan entry ended here
     "size_cap",    # the next member would exceed bucket_cap_mb
-    "memory",      # the next member would exceed the memory budget
-    "overlap",     # merging the next member would expose more communication than issuing it alone
+    "memory",      # the bucket would exceed its share of the memory budget (rank-invariant bound)
     "latency",     # merging the next member would not be cheaper than two collectives
     "dependency",  # the next member depends on a member's result
     "dtype",       # a manual plan entry holds several dtypes: one bucket per dtype
@@ -56,7 +55,8 @@ class Bucket:
     label: str = ""
     member_names: list[str] = field(default_factory=list)
     params: list[str | None] = field(default_factory=list)
-    extra_bytes: int = 0  # the planner's estimate of memory held longer because of the merge
+    extra_bytes: int = 0  # bound on the memory held longer because of the merge (``extra_bytes_bound``)
+    kept_bytes: int = 0  # gathered members that are graph outputs: their copies may be kept to the end
 
     def __len__(self) -> int:
         return len(self.members)
@@ -73,6 +73,7 @@ class Bucket:
             "label": self.label,
             "params": list(self.params),
             "extra_bytes": self.extra_bytes,
+            "kept_bytes": self.kept_bytes,
         }
 
 
@@ -261,7 +262,78 @@ def make_bucket(dag: Dag, members: Sequence[int], *, close_reason: str, label: s
         label=label,
         member_names=[dag.nodes[m].name for m in members],
         params=[param_name(dag.nodes[m]) for m in members],
+        extra_bytes=extra_bytes_bound(first.collective, [dag.nodes[m].comm_bytes for m in members],
+                                      first.group_size or 2),
+        kept_bytes=kept_bytes_bound(dag, members),
     )
+
+
+# -- memory, rank-invariant ---------------------------------------------------------------------------------
+
+def extra_bytes_bound(op: CollectiveOp | None, member_bytes: Sequence[int], group_size: int) -> int:
+    """Most bytes a bucket of collectives with payloads ``member_bytes`` can keep alive beyond what the members
+    issued alone keep, in any order of the graph around it.
+
+    A function of the payloads only, never of activation sizes, so every rank judges a bucket alike.
+    All-gather: the merged output (``total``) and the copy-in of the shards (``total / group_size``) exist
+    next to the members' own copies, and every member but the first-used one is gathered early
+    (``total - smallest`` at most).  Reduce-scatter / all-reduce: the concatenated input (``total``) plus the
+    members' inputs held until the last is ready (``total - smallest``).  A single collective adds nothing.
+    """
+    if len(member_bytes) < 2:
+        return 0
+    total = sum(member_bytes)
+    held = total - min(member_bytes)
+    if op is CollectiveOp.ALL_GATHER:
+        return held + total + total // max(group_size, 1)
+    return held + total
+
+
+def kept_bytes_bound(dag: Dag, members: Sequence[int]) -> int:
+    """What a bucket of all-gathers may keep alive to the end of the graph beyond its members alone: the
+    payload of members whose gathered result is a graph output (a forward that keeps gathered parameters
+    for the backward).  Unbucketed, the output is the gathered buffer itself; bucketed, it is a copy out of
+    the merged buffer, and Inductor may materialise a second one for a view of it that is also an output.
+    Unlike ``extra_bytes_bound``, these add up over buckets."""
+    if len(members) < 2 or dag.nodes[members[0]].collective is not CollectiveOp.ALL_GATHER:
+        return 0
+    return sum(dag.nodes[m].comm_bytes for m in members if dag.nodes[m].is_output)
+
+
+def fsdp_payload_bytes(dag: Dag) -> int:
+    """Bytes the FSDP collectives of ``dag`` move (gathered parameters, gradients before the scatter): what a
+    percentage ``memory_budget`` is a percentage of.  Parameter-sized, so the same on every rank whatever
+    its local batch or sequence length; bucketing does not change it (a bucket moves its members' bytes)."""
+    return sum(n.comm_bytes for n in dag.nodes if n.kind is NodeKind.COLLECTIVE and n.fsdp)
+
+
+def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int | None = None
+                 ) -> list[tuple[list[int], str | None]]:
+    """``run`` (collectives of one bucket key, graph order) cut greedily into pieces whose payload stays within
+    ``cap_bytes`` and whose ``extra_bytes_bound`` stays within ``limit``: (members, why the piece was closed;
+    None for the last piece).  A single collective always fits."""
+    if not run:
+        return []
+    first = dag.nodes[run[0]]
+    op, group_size = first.collective, first.group_size or 2
+    out: list[tuple[list[int], str | None]] = []
+    cur: list[int] = [run[0]]
+    sizes = [first.comm_bytes]
+    for j in run[1:]:
+        bj = dag.nodes[j].comm_bytes
+        why = None
+        if cap_bytes is not None and sum(sizes) + bj > cap_bytes:
+            why = "size_cap"
+        elif limit is not None and extra_bytes_bound(op, sizes + [bj], group_size) > limit:
+            why = "memory"
+        if why is None:
+            cur.append(j)
+            sizes.append(bj)
+            continue
+        out.append((cur, why))
+        cur, sizes = [j], [bj]
+    out.append((cur, None))
+    return out
 
 
 def param_name(node: DagNode) -> str | None:

@@ -10,23 +10,15 @@ import torch
 import torch.fx as fx
 
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
-from .ops import as_int, classify, fill_collective, op_base_name
+from .ops import PASS_THROUGH_OPS, as_int, classify, fill_collective, mark_fsdp, op_base_name
 
 
 class UnplannableGraph(ValueError):
     """The graph cannot be planned (e.g. unbacked symbolic sizes); the passes leave it untouched."""
 
 
-# Ops that only change the dtype or the view of a tensor: an all-gather fed by a chain of these from a
-# graph input gathers a parameter shard; a reduce-scatter whose result reaches the output through them
-# produces a gradient.
-_PASS_THROUGH = {
-    "convert_element_type", "_to_copy", "view", "reshape", "_unsafe_view", "clone", "t", "permute",
-    "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
-    "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten",
-    "cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
-    "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
-}
+# what an all-gather's input may go through from the parameter shard (``ops.mark_fsdp`` has the rule)
+_PASS_THROUGH = PASS_THROUGH_OPS
 
 
 def tensor_bytes(value: Any) -> int:
@@ -166,74 +158,29 @@ def stack_parameter(node: fx.Node) -> str | None:
     return None
 
 
-#: an HSDP gradient goes reduce-scatter (shard group) -> wait -> all-reduce (replicate group) -> wait -> output
-_HSDP_THROUGH = frozenset({"all_reduce"})
-
-
-def _walk_pass_through(start: fx.Node, forward: bool, through: Iterable[str] = ()) -> Iterable[fx.Node]:
-    """Nodes reachable from ``start`` through dtype casts and views (inputs if not forward, users if forward),
-    and through the ops named in ``through``."""
-    passable = _PASS_THROUGH | {"wait_tensor"} | set(through)
+def _walk_pass_through(start: fx.Node) -> Iterable[fx.Node]:
+    """Nodes reachable from ``start`` backwards through dtype casts and views."""
     stack, seen = [start], {start}
     while stack:
         node = stack.pop()
         yield node
-        nexts = list(node.users) if forward else list(node.all_input_nodes)
-        for nxt in nexts:
+        for nxt in node.all_input_nodes:
             if nxt in seen:
                 continue
-            if nxt.op in ("placeholder", "output") or (nxt.op == "call_function" and _base(nxt) in passable):
+            if nxt.op == "placeholder" or (nxt.op == "call_function" and _base(nxt) in _PASS_THROUGH):
                 seen.add(nxt)
                 stack.append(nxt)
 
 
-def _sums_reductions(add: fx.Node) -> bool:
-    """``add`` sums reduce-scattered tensors only (a tied parameter's gradient contributions), not a
-    reduction and an activation (a sequence-parallel output plus its residual)."""
-    inputs = add.all_input_nodes
-    return len(inputs) >= 2 and all(
-        any(m.op == "call_function" and _base(m) == "reduce_scatter_tensor"
-            for m in _walk_pass_through(a, forward=False, through={"reduce_scatter_tensor"}))
-        for a in inputs
-    )
-
-
-def _fsdp_like(node: fx.Node, collective: CollectiveOp) -> tuple[bool, str | None]:
-    """(is FSDP-like, placeholder name of the parameter shard) for an all-gather / reduce-scatter."""
-    if collective is CollectiveOp.ALL_GATHER:
-        source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if source is None:
-            return False, None
-        for n in _walk_pass_through(source, forward=False):
-            if n.op == "placeholder":
-                return True, str(n.target)
-        return False, None
-    if collective is CollectiveOp.REDUCE_SCATTER:
-        # a gradient: reaches the output through casts / views, or (HSDP) through the replicate group's
-        # all-reduce of the reduced shard, or (a tied parameter used twice) through the sum of its reduced
-        # gradient contributions
-        reached = list(_walk_pass_through(node, forward=True, through=_HSDP_THROUGH))
-        if any(n.op == "output" for n in reached):
-            return True, None
-        for n in reached:
-            for user in n.users:
-                if user.op == "call_function" and _base(user) == "add" and _sums_reductions(user):
-                    if any(m.op == "output" for m in _walk_pass_through(user, forward=True)):
-                        return True, None
-        return False, None
-    if collective is CollectiveOp.ALL_REDUCE:
-        # HSDP: the all-reduce over the replicate group of a reduce-scattered gradient shard
-        source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-        if source is None:
-            return False, None
-        fed_by_rs = any(
-            n.op == "call_function" and _base(n) == "reduce_scatter_tensor"
-            for n in _walk_pass_through(source, forward=False, through={"reduce_scatter_tensor"})
-        )
-        if fed_by_rs and any(n.op == "output" for n in _walk_pass_through(node, forward=True)):
-            return True, None
-        return False, None
-    return False, None
+def _gathered_placeholder(node: fx.Node) -> str | None:
+    """The placeholder (parameter shard) an all-gather gathers, perhaps through casts and views."""
+    source = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if source is None:
+        return None
+    for n in _walk_pass_through(source):
+        if n.op == "placeholder":
+            return str(n.target)
+    return None
 
 
 def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
@@ -278,7 +225,8 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         if kind is NodeKind.COLLECTIVE:
             const_args = [a for a in fx_node.args[1:] if not isinstance(a, fx.Node)]
             fill_collective(node, collective, const_args, in_bytes, out_bytes)
-            node.fsdp, node.param_fqn = _fsdp_like(fx_node, collective)
+            if collective is CollectiveOp.ALL_GATHER:
+                node.param_fqn = _gathered_placeholder(fx_node)
         elif kind is NodeKind.WAIT:
             producer = inputs[0] if inputs else None
             if producer in index and nodes[index[producer]].kind is NodeKind.COLLECTIVE:
@@ -327,7 +275,13 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     for fx_node, i in index.items():
         if root.get(fx_node, fx_node) in output_roots and nodes[i].alias_of is None:
             nodes[i].is_output = True
-    return Dag(nodes, edges, resident)
+    dag = Dag(nodes, edges, resident)
+    mark_fsdp(dag, [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes],
+              sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes])
+    for node in nodes:
+        if not node.fsdp:
+            node.param_fqn = None
+    return dag
 
 
 def size_hinted(obj: Any) -> Any:

@@ -70,8 +70,7 @@ class Dag:
 
     def __init__(self, nodes: Sequence[DagNode], edges: Iterable[tuple[int, int]], resident_bytes: int = 0):
         self.nodes: list[DagNode] = list(nodes)
-        # bytes of the graph's inputs (parameter shards, saved activations): not nodes, but part of what a
-        # percentage memory budget is a percentage of
+        # bytes of the graph's inputs (parameter shards, saved activations): not nodes; reported in dumps
         self.resident_bytes = int(resident_bytes)
         n = len(self.nodes)
         preds: list[set[int]] = [set() for _ in range(n)]

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .graph import CollectiveOp, DagNode, NodeKind
+from .graph import CollectiveOp, Dag, DagNode, NodeKind
+
+#: Ops that only change the dtype or the view of a tensor (or concatenate pieces of it): an all-gather fed
+#: by a chain of these from graph inputs gathers a parameter shard; a reduce-scatter whose result reaches the
+#: output through them produces a gradient.
+PASS_THROUGH_OPS = frozenset({
+    "convert_element_type", "_to_copy", "view", "reshape", "_unsafe_view", "clone", "t", "permute",
+    "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
+    "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten", "copy",
+    "cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
+    "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
+})
 
 # Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
 # Inductor's collective kernels (python_kernel_name / op_overload names).
@@ -116,3 +127,95 @@ def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], 
     node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
     # NCCL's convention: an all-gather moves its gathered output, the others their full input
     node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
+
+
+def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | None = None) -> None:
+    """Set ``fsdp`` on the collectives of ``dag``: the one rule both views (FX, scheduler nodes) use.
+
+    ``pass_through[i]``: node ``i`` is compute made only of ``PASS_THROUGH_OPS`` (the builder knows how its
+    nodes name their ops).  Graph inputs are not nodes, so a node with no predecessor reads only graph inputs.
+
+    - all-gather: its input comes from graph inputs through pass-through nodes only (a parameter shard,
+      perhaps cast); an all-gather of another collective's result or of computed values is not FSDP;
+    - reduce-scatter: its result reaches a graph output through waits and pass-through nodes, or (HSDP)
+      through an all-reduce of it (a gradient), or (a tied parameter used twice) through a sum of reduced
+      gradient contributions only (``sums[i]``: node ``i`` is an addition; None: no node is);
+    - all-reduce: (HSDP) fed by a reduce-scatter through waits and pass-through nodes, and its result reaches
+      a graph output the same way.
+    """
+    nodes = dag.nodes
+
+    def through(v: int) -> bool:
+        return nodes[v].kind is NodeKind.WAIT or (nodes[v].kind is NodeKind.COMPUTE and bool(pass_through[v]))
+
+    def from_inputs(c: int) -> bool:
+        stack, seen = list(dag.preds[c]), set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if nodes[v].kind is not NodeKind.COMPUTE or not pass_through[v]:
+                return False
+            stack.extend(dag.preds[v])
+        return True
+
+    def reaches_output(c: int, via_all_reduce: bool) -> bool:
+        stack, seen = [c], {c}
+        while stack:
+            v = stack.pop()
+            if nodes[v].is_output:
+                return True
+            for w in dag.succs[v]:
+                if w in seen:
+                    continue
+                hsdp = via_all_reduce and nodes[w].collective is CollectiveOp.ALL_REDUCE
+                if through(w) or hsdp:
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
+    def fed_by_reduce_scatter(c: int) -> bool:
+        stack, seen = list(dag.preds[c]), set()
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            if nodes[v].collective is CollectiveOp.REDUCE_SCATTER:
+                return True
+            if through(v):
+                stack.extend(dag.preds[v])
+        return False
+
+    def reduced(v: int) -> bool:
+        return nodes[v].collective is CollectiveOp.REDUCE_SCATTER or (through(v) and fed_by_reduce_scatter(v))
+
+    def reaches_output_via_sum(c: int) -> bool:
+        # a tied parameter's gradient: the sum of its reduced contributions (not a reduction plus an
+        # activation, as a sequence-parallel output plus its residual) reaches the output
+        if sums is None:
+            return False
+        stack, seen = [c], {c}
+        while stack:
+            v = stack.pop()
+            for w in dag.succs[v]:
+                if sums[w] and len(dag.preds[w]) >= 2 and all(reduced(p) for p in dag.preds[w]):
+                    if reaches_output(w, via_all_reduce=False):
+                        return True
+                if w not in seen and (through(w) or nodes[w].collective is CollectiveOp.ALL_REDUCE):
+                    seen.add(w)
+                    stack.append(w)
+        return False
+
+    for i, node in enumerate(nodes):
+        if node.kind is not NodeKind.COLLECTIVE:
+            continue
+        if node.collective is CollectiveOp.ALL_GATHER:
+            node.fsdp = from_inputs(i)
+        elif node.collective is CollectiveOp.REDUCE_SCATTER:
+            node.fsdp = reaches_output(i, via_all_reduce=True) or reaches_output_via_sum(i)
+        elif node.collective is CollectiveOp.ALL_REDUCE:
+            node.fsdp = fed_by_reduce_scatter(i) and reaches_output(i, via_all_reduce=False)
+        else:
+            node.fsdp = False

@@ -99,7 +99,7 @@ def what_if(
     and, when ``fsdp_passes.reordering.plan_order`` is available, a fresh plan for the new numbers."""
     from ..cost_model import CostModel
     from ..options import parse_memory_budget
-    from ..simulate import lower_bound, peak_memory, simulate
+    from ..simulate import lower_bound, simulate
 
     dag = dump.dag
     old_world = world_size_of(dag)
@@ -120,8 +120,10 @@ def what_if(
             options = dump.meta.get("options") or {}
             budget = memory_budget if memory_budget is not None else options.get("memory_budget", "5%")
             prefetch = max_prefetch if max_prefetch is not None else options.get("max_prefetch")
-            baseline = peak_memory(dag, dump.before)
-            result = plan_order(dag, durations, memory_budget_bytes=parse_memory_budget(budget, baseline),
+            from ..bucketing.plan import fsdp_payload_bytes
+
+            result = plan_order(dag, durations,
+                                memory_budget_bytes=parse_memory_budget(budget, fsdp_payload_bytes(dag)),
                                 max_prefetch=prefetch)
             t_planned = simulate(dag, list(result.order), durations)
             planned, planned_exposed = t_planned.makespan, t_planned.exposed_total

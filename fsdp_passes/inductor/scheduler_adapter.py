@@ -16,7 +16,7 @@ from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..dag.from_fx import UnplannableGraph
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
-from ..dag.ops import classify, fill_collective
+from ..dag.ops import PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
 
 
 def _size_hint(expr: Any) -> int:
@@ -226,20 +226,34 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             except Exception:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
-        if any(b.get_name() in outputs for b in buffers):
+        # an in-place collective (all_reduce_) or a wait writes a buffer it does not own: a graph output too
+        if any(b.get_name() in outputs or any(m in outputs for m in b.get_mutations()) for b in buffers):
             node.is_output = True
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
     dag = Dag(nodes, edges, _graph_input_bytes())
-    # FSDP-like, as the SimpleFSDP pattern produces them: an all-gather fed by no matmul-like compute (a
-    # parameter shard, perhaps cast), a reduce-scatter (gradients; the FX pass has the precise test)
-    for i, node in enumerate(nodes):
-        if node.collective is CollectiveOp.ALL_GATHER:
-            node.fsdp = not any(nodes[p].kind is NodeKind.COMPUTE and nodes[p].flops > 0 for p in dag.preds[i])
-        elif node.collective is CollectiveOp.REDUCE_SCATTER:
-            node.fsdp = True
+    # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
+    # was made from does
+    mark_fsdp(dag, [node.kind is NodeKind.COMPUTE and _passes_through(snode) for node, snode in zip(nodes, snodes)])
     return dag
+
+
+def _origin_ops(snode: Any) -> list[str]:
+    """Base names of the FX ops a scheduler node (every part of a fused one) was made from."""
+    ops = []
+    for part in getattr(snode, "snodes", None) or [snode]:
+        for origin in getattr(getattr(part, "node", None), "origins", ()) or ():
+            if origin.op == "call_function":
+                target = getattr(origin, "target", None)
+                ops.append(getattr(target, "_opname", None) or getattr(target, "__name__", None) or str(target))
+    return ops
+
+
+def _passes_through(snode: Any) -> bool:
+    # a collective among the origins: the kernel that copies a collective's input into its buffer
+    ops = _origin_ops(snode)
+    return bool(ops) and all(op in PASS_THROUGH_OPS or classify(op)[0] is NodeKind.COLLECTIVE for op in ops)
 
 
 def _graph_input_bytes() -> int:

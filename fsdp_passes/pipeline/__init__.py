@@ -1,8 +1,9 @@
-"""Per graph: plan buckets -> place gathers -> reorder -> check the memory budget -> report.
+"""Per graph: plan buckets within the memory budget -> place gathers -> reorder within the rest -> report.
 
 Sits above the two policies (``bucketing``, ``reordering``) and the engine (``simulate``): ``bucket_graph``
-runs the FX half, ``choice`` is auto's choice among candidate plans (each rewritten, reordered and simulated),
-``report`` holds what each pass did to a graph.
+runs the FX half, ``choice`` is auto's choice among candidate plans (a rank-invariant overlap model, no
+rewrite or simulation) and the memory claim of a plan, ``reorder_graph`` the scheduler half, ``report``
+holds what each pass did to a graph.
 """
 
 from __future__ import annotations

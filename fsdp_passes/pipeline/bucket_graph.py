@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch.fx as fx
 
 from ..dag.from_fx import dag_from_fx
-from ..dag.graph import Dag
+from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 from ..bucketing.manual import describe_entries, fqns_seen_hint
 from ..bucketing.plan import Bucket
-from ..bucketing.placement import issue_gathers_before_reductions, renumbered, restore_order
+from ..bucketing.placement import issue_gathers_before_reductions, renumbered
 from ..bucketing.rewrite import RewriteStats, apply_buckets
-from .plans import plan_bucketing
+from .choice import memory_claim
+from .plans import graph_memory_budget, plan_bucketing
 
 if TYPE_CHECKING:
     from ..cost_model import CostModel
@@ -48,7 +49,9 @@ class BucketingResult:
     unmatched_entries: list[str] = field(default_factory=list)
     collectives: list[str] = field(default_factory=list)
     rewrite: RewriteStats | None = None
-    choice: AutoChoice | None = None  # bucketing="auto": the candidates and their simulated scores
+    choice: AutoChoice | None = None  # bucketing="auto": the candidates and their scores
+    memory_budget_bytes: int = 0  # memory_budget in bytes for this graph
+    memory_budget_used_bytes: int = 0  # the plan's claim on it (choice.memory_claim), placement included
     report: GraphReport | None = None  # this graph's report (pass_name "fx")
     #: collective name -> {"param": parameter FQN or None, "module": module FQN or None} (bucketable ones)
     attribution: dict[str, dict[str, str | None]] = field(default_factory=dict)
@@ -94,6 +97,8 @@ class BucketingResult:
             "attribution": dict(self.attribution),
             "unattributed": dict(self.unattributed),
             "blocks": list(self.blocks),
+            "memory_budget_bytes": self.memory_budget_bytes,
+            "memory_budget_used_bytes": self.memory_budget_used_bytes,
             **({"auto_choice": self.choice.to_json()} if self.choice is not None else {}),
         }
 
@@ -104,7 +109,6 @@ def bucket_graph(
     cost_model: CostModel | None = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
-    baseline_peak: int | None = None,
     graph_name: str = "graph",
 ) -> BucketingResult:
     """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
@@ -112,9 +116,10 @@ def bucket_graph(
     cost_model: a ``fsdp_passes.cost_model.CostModel`` for ``bucketing="auto"`` (default: one built from
         ``options.cluster`` / ``options.calibration``).
     param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
-    baseline_peak: the unbucketed graph's peak memory in bytes, for a percentage ``memory_budget``
-        (default: simulated from the DAG in graph order).
     graph_name: names the graph in ``result.report``.
+
+    Memory: the plan's rank-invariant claim (``choice.memory_claim``) stays within ``memory_budget``; the
+    claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
 
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
     ``options.strict``; otherwise they are reported in the result and warned about.
@@ -126,16 +131,16 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
+    budget = graph_memory_budget(dag, options)
     choice = None
     if options.bucketing == "auto":
-        from ..simulate.memory import peak_memory
         from .choice import choose_auto_plan
 
-        base_peak = peak_memory(dag, list(range(len(dag)))) if baseline_peak is None else baseline_peak
-        choice = choose_auto_plan(g, dag, options, cost_model, base_peak, param_fqns=param_fqns)
-        plan, after = choice.plan, choice.after
+        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns)
+        plan = choice.plan
     else:
-        plan, after = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns), None
+        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
+    after = None
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
@@ -145,10 +150,17 @@ def bucket_graph(
         )
     attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp)
     stats = apply_buckets(graph, dag, plan.buckets)
+    used = memory_claim(plan.buckets)
     if options.reorder:
-        placed = _place_gathers(g, dag, options, baseline_peak)
-        if placed is not None:
-            stats.gathers_ahead_of_reductions, after = placed
+        # re-gathers ahead of the reductions before them, for reductions whose inputs fit in what is left
+        others = memory_claim([b for b in plan.buckets if b.op is not CollectiveOp.REDUCE_SCATTER])
+        moved_bytes: list[int] = []
+        before = dag_from_fx(g)
+        stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
+            g, before, max_moved_bytes=budget - others, moved_bytes=moved_bytes)
+        if stats.gathers_ahead_of_reductions:
+            after = renumbered(before, g) or dag_from_fx(g)
+        used = memory_claim(plan.buckets, max(moved_bytes, default=0))
     result = BucketingResult(
         mode=options.bucketing,
         buckets=plan.buckets,
@@ -162,6 +174,8 @@ def bucket_graph(
         attribution=attribution,
         unattributed=unattributed,
         blocks=blocks,
+        memory_budget_bytes=budget,
+        memory_budget_used_bytes=used,
     )
     result.report = _report(result, dag, g, options, cost_model, graph_name, after)
     return result
@@ -201,29 +215,8 @@ def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None,
             blocks.append(key)
     return attribution, unattributed, blocks
 
-def _place_gathers(g: fx.Graph, original: Dag, options: Options,
-                   baseline_peak: int | None) -> tuple[int, Dag] | None:
-    """Let backward re-gathers go ahead of the reductions before them (``placement.py``), if the graph's
-    simulated peak stays within the memory budget of the original graph; else leave the order as it was.
-    Returns (gathers moved, DAG of the result), or None when nothing moved."""
-    from ..simulate.memory import peak_memory
-
-    order = list(g.nodes)
-    before = dag_from_fx(g)
-    moved = issue_gathers_before_reductions(g, before)
-    if not moved:
-        return None
-    base = peak_memory(original, list(range(len(original)))) if baseline_peak is None else baseline_peak
-    after = renumbered(before, g) or dag_from_fx(g)
-    if peak_memory(after, list(range(len(after)))) - base <= options.memory_budget_bytes(base, original.resident_bytes):
-        return moved, after
-    restore_order(order)  # over budget: put every node back where it was
-    return None
-
 
 def _describe_choice(choice: AutoChoice) -> str:
-    if not choice.scored:
-        return f"auto chose {choice.chosen}: {choice.note}"
     parts = []
     for c in choice.candidates:
         if c.skipped:
@@ -239,12 +232,16 @@ def _describe_choice(choice: AutoChoice) -> str:
 
 def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: CostModel | None,
             graph_name: str, after: Dag | None = None) -> GraphReport:
-    """A ``GraphReport`` (pass "fx"): counts always; simulated time and memory when a cost model is at hand."""
+    """A ``GraphReport`` (pass "fx"): counts and the memory budget always; simulated time and memory (on the
+    kernels predicted from the FX graph: for information, the promise is kept at the scheduler level) with a
+    cost model."""
     from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
 
     report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
                          n_collectives_after=result.n_collectives_after, options=options.to_json())
     report.extra["bucketing"] = result.to_json()
+    report.extra["memory_budget_bytes"] = result.memory_budget_bytes
+    report.extra["memory_budget_used_bytes"] = result.memory_budget_used_bytes
     if after is None:
         after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
     report.collective_fingerprint = collective_fingerprint(after)

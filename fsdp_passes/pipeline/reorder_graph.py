@@ -12,7 +12,7 @@ import time
 from ..dag.graph import Dag
 from ..options import Options
 from ..reordering import plan_order
-from ..simulate import Timeline, peak_memory
+from ..simulate import Timeline
 from .report import GraphReport, fill_schedule_numbers
 
 log = logging.getLogger("fsdp_passes")
@@ -23,24 +23,29 @@ __all__ = ["finish_graph_report", "plan_graph_order"]
 def plan_graph_order(dag: Dag, durations: list[float], options: Options, report: GraphReport,
                      fx_report: GraphReport | None = None) -> list[int]:
     """The order to run ``dag`` in: ``plan_order`` within the memory budget the FX pass of the same graph
-    (``fx_report``) left, or the graph order without ``options.reorder``.  Notes what it did in ``report``."""
+    (``fx_report``: its ``memory_budget_bytes`` less its ``memory_budget_used_bytes``) left, or the graph
+    order without ``options.reorder``.  Notes what it did in ``report``; without an FX report the budget is
+    taken of the graph's FSDP payload (``fsdp_payload_bytes``), as the FX pass does."""
     identity = list(range(len(dag)))
+    # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
+    # bound from payloads) out of it; reordering gets the rest over the order Inductor built
+    if fx_report is not None and fx_report.fallback is None and "memory_budget_bytes" in fx_report.extra:
+        total = int(fx_report.extra["memory_budget_bytes"])
+        used = int(fx_report.extra["memory_budget_used_bytes"])
+    else:
+        from ..bucketing.plan import fsdp_payload_bytes
+
+        total, used = options.memory_budget_bytes(fsdp_payload_bytes(dag)), 0
+    budget = max(0, total - used)
+    report.extra["memory_budget_total_bytes"] = total
+    report.extra["memory_budget_used_by_fx_pass"] = used
+    report.extra["memory_budget_bytes"] = budget
     if not options.reorder:
         return identity
-    baseline_peak = peak_memory(dag, identity)
-    budget = options.memory_budget_bytes(baseline_peak, dag.resident_bytes)
-    report.extra["memory_budget_total_bytes"] = budget
-    # one budget for the whole graph: what the FX pass (bucketing, placement) already added to the peak
-    # is not available to reordering any more
-    if fx_report is not None and fx_report.fallback is None:
-        used = max(0, fx_report.peak_memory_bytes_after - fx_report.peak_memory_bytes_before)
-        budget = max(0, budget - used)
-        report.extra["memory_budget_used_by_fx_pass"] = used
-        if budget == 0 and used > 0:
-            report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
-                                    "raise memory_budget to let the reordering prefetch")
-            log.info("fsdp_passes %s: %s", report.graph, report.extra["note"])
-    report.extra["memory_budget_bytes"] = budget
+    if budget == 0 and used > 0:
+        report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
+                                "raise memory_budget to let the reordering prefetch")
+        log.info("fsdp_passes %s: %s", report.graph, report.extra["note"])
     result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
     report.collectives_moved = result.moved
     report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
@@ -55,6 +60,10 @@ def finish_graph_report(report: GraphReport, dag: Dag, durations: list[float], o
     ``time.perf_counter()`` value) and log it; returns both timelines."""
     identity = list(range(len(dag)))
     timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
+    if "memory_budget_bytes" in report.extra:
+        # peak_memory_bytes_before is Inductor's order of the graph it was given (without bucketing: the
+        # no-pass peak); the final order keeps within it plus what the FX pass left of the budget
+        report.extra["memory_limit_bytes"] = report.peak_memory_bytes_before + report.extra["memory_budget_bytes"]
     report.pass_time_s = time.perf_counter() - start
     log.info("fsdp_passes %s", report.one_line())
     return timelines

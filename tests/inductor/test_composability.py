@@ -41,7 +41,7 @@ pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
 c10d = torch.ops._c10d_functional
 AUTO = dict(bucketing="auto", memory_budget="1GB", strict=True)
-PER_LAYER = dict(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True)
+PER_LAYER = dict(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True, memory_budget="1GB")
 
 
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
@@ -231,7 +231,7 @@ def _gathered_params(gm):
     return params
 
 
-@pytest.mark.parametrize("options", [AUTO, {"bucketing": "manual", "bucket_plan": ["layers.[0-2]"], "strict": True}],
+@pytest.mark.parametrize("options", [AUTO, {"bucketing": "manual", "bucket_plan": ["layers.[0-2]"], "strict": True, "memory_budget": "1GB"}],
                          ids=["auto", "manual"])
 def test_recomputed_gathers_bucketed_once(ac_setup, options):
     bwd0 = ac_setup["graphs"].backward

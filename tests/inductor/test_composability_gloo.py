@@ -27,7 +27,7 @@ def _hsdp_step(rank: int, world_size: int) -> dict:
         torch._dynamo.reset()
         fsdp_passes.last_reports(clear=True)
         if name == "compiled":
-            fsdp_passes.enable(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True)
+            fsdp_passes.enable(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True, memory_budget="1GB")
             fn = torch.compile(model)
         else:
             fn = model
@@ -62,8 +62,9 @@ def _consistency(rank: int, world_size: int) -> dict:
 
     out = {}
     per_rank = {
-        "same": [dict(bucketing="manual", bucket_plan=["layers.[0-1]"])] * 2,
-        "different": [dict(bucketing="manual", bucket_plan=["layers.[0-1]"]), dict(bucketing="none")],
+        "same": [dict(bucketing="manual", bucket_plan=["layers.[0-1]"], memory_budget="1GB")] * 2,
+        "different": [dict(bucketing="manual", bucket_plan=["layers.[0-1]"], memory_budget="1GB"),
+                      dict(bucketing="none")],
     }
     for case, options in per_rank.items():
         model = build_mlp(2, 32)

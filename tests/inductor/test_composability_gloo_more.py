@@ -55,7 +55,7 @@ TP_CONFIGS = {
     # on a model this small auto merges nothing (the default budget, 5% of the graph's peak, is a few hundred
     # bytes; with more, its simulation scores the unmerged graph fastest), so a per-layer manual plan makes
     # the bucket checks below bite: it merges each layer's FSDP collectives around the TP all-reduces
-    "manual": dict(bucketing="manual", bucket_plan=["layers.[0-1]"], reorder=True, strict=True),
+    "manual": dict(bucketing="manual", bucket_plan=["layers.[0-1]"], reorder=True, strict=True, memory_budget="1GB"),
 }
 
 
@@ -141,7 +141,8 @@ MP_CONFIGS = {
     # the whole graph peak as memory budget: with the default (5%) auto merges nothing on a model this small;
     # with it auto merges the forward gathers (its simulation keeps the backward unmerged)
     "auto": {"bucketing": "auto", "reorder": True, "memory_budget": "100%"},
-    "manual": {"bucketing": "manual", "bucket_plan": ["layers.[0-1]"], "reorder": True},  # one bucket per layer
+    "manual": {"bucketing": "manual", "bucket_plan": ["layers.[0-1]"], "reorder": True,
+               "memory_budget": "1GB"},  # one bucket per layer
 }
 
 

@@ -14,7 +14,7 @@ from fsdp_passes.testing import build_mlp, capture_scheduler_nodes, example_inpu
 
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
-OPTIONS = dict(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True)
+OPTIONS = dict(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True, memory_budget="1GB")
 
 
 def test_dynamic_batch_is_planned_with_size_hints():

@@ -99,7 +99,8 @@ def test_strict_raises(which, fresh_inductor):
 
 
 def test_one_memory_budget_for_both_passes(fake_pg):
-    """What bucketing and gather placement add to the peak is taken off the budget reordering gets."""
+    """What bucketing and gather placement may add to the peak (their claim) is taken off the budget
+    reordering gets (the end-to-end promise is tested in test_memory_budget_end_to_end.py)."""
     from fsdp_passes.testing import capture_scheduler_nodes
 
     model = build_mlp(n_layers=4, dim=64, reshard_after_forward=True)
@@ -110,8 +111,8 @@ def test_one_memory_budget_for_both_passes(fake_pg):
     for sched in (r for r in reports if r.pass_name == "scheduler"):
         fx = next(r for r in reports if r.pass_name == "fx" and r.graph == sched.graph)
         used = sched.extra["memory_budget_used_by_fx_pass"]
-        assert used == max(0, fx.peak_memory_bytes_after - fx.peak_memory_bytes_before)
-        assert sched.extra["memory_budget_total_bytes"] >= sched.peak_memory_bytes_before  # 100% of peak+inputs
+        assert used == fx.extra["memory_budget_used_bytes"] <= fx.extra["memory_budget_bytes"]
+        assert sched.extra["memory_budget_total_bytes"] == fx.extra["memory_budget_bytes"] > 0
         assert sched.extra["memory_budget_bytes"] == max(0, sched.extra["memory_budget_total_bytes"] - used)
         assert sched.peak_memory_bytes_after - sched.peak_memory_bytes_before <= sched.extra["memory_budget_bytes"]
         checked += used > 0

@@ -28,7 +28,7 @@ def mlp_forward_nodes():
         # one bucket per block (weights and biases together), reordering left to the tests
         per_block = capture_scheduler_nodes(
             model, *inputs, backward=True,
-            options={"bucketing": "manual", "bucket_plan": ["layers.[0-3]"], "reorder": False},
+            options={"bucketing": "manual", "bucket_plan": ["layers.[0-3]"], "reorder": False, "memory_budget": "1GB"},
         )
         yield {**{c.graph_name: c for c in caps}, **{"bucketed_" + c.graph_name: c for c in per_block}}
     torch._dynamo.reset()

@@ -113,9 +113,10 @@ def _check_plan(dag: Dag, plan, options: Options, budget: int | None) -> None:
        cap=st.sampled_from([None, 1, 8, 64]), non_fsdp=st.booleans())
 def test_auto_planner_properties(dag, budget, cap, non_fsdp):
     options = Options(bucketing="auto", memory_budget=budget, bucket_cap_mb=cap, bucket_non_fsdp=non_fsdp)
-    from fsdp_passes.simulate import peak_memory
+    from fsdp_passes.pipeline.plans import graph_memory_budget
+    from fsdp_passes.pipeline.choice import memory_limits
 
-    budget_bytes = options.memory_budget_bytes(peak_memory(dag, list(range(len(dag)))))
+    budget_bytes = memory_limits(dag, graph_memory_budget(dag, options))
     plan = plan_bucketing(dag, options, COST)
     _check_plan(dag, plan, options, budget_bytes)
 

@@ -1,0 +1,151 @@
+"""``memory_budget`` holds end to end: the peak of the final order <= the peak of Inductor's own order of the same
+graph compiled without the passes + the budget, for every graph, in every mode.
+
+Both peaks are computed the same way, by the one memory model (``fsdp_passes.simulate.peak_memory``) over the
+scheduler nodes Inductor would generate code from (``fsdp_passes.testing.end_to_end.measure_compile``): the
+baseline from a compile with the passes off, the budget in bytes from that compile's FSDP payload.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import fsdp_passes
+from fsdp_passes import Options
+from fsdp_passes.testing import build_llama, build_mlp, capture_fx_graphs, example_inputs
+from fsdp_passes.testing.end_to_end import measure_compile
+
+MODELS = {
+    "mlp": lambda: build_mlp(4, 64, reshard_after_forward=True),
+    "mlp-noreshard": lambda: build_mlp(4, 64, reshard_after_forward=False),
+    "mlp-bf16": lambda: build_mlp(4, 64, reshard_after_forward=True, param_dtype=torch.bfloat16,
+                                  reduce_dtype=torch.float32),
+    "llama": lambda: build_llama(2, 64, seq_len=16, reshard_after_forward=True),
+}
+
+MODES = {
+    "auto": lambda model: dict(bucketing="auto"),
+    "manual-per-block": lambda model: dict(bucketing="manual", bucket_plan=(
+        ["tok_embeddings", "layers.[0-1]", ["norm", "output"]] if model == "llama" else ["layers.[0-3]"])),
+    "manual-one-bucket": lambda model: dict(bucketing="manual", bucket_plan=(
+        [["tok_embeddings", "layers", "norm", "output"]] if model == "llama" else [["layers"]])),
+    "none": lambda model: dict(bucketing="none"),
+}
+
+BUDGETS = [0, "5%", "100%", 100_000]
+
+# every mode x budget on the MLP; a Latin square of them on the other models (each mode and each budget once)
+SWEEP = [("mlp", mode, budget) for mode in MODES for budget in BUDGETS]
+for shift, model in enumerate(["mlp-noreshard", "mlp-bf16", "llama"], start=1):
+    SWEEP += [(model, mode, BUDGETS[(k + shift) % len(BUDGETS)]) for k, mode in enumerate(MODES)]
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def baselines():
+    """Per model: per graph, the peak and the FSDP payload of Inductor's order without the passes."""
+    from fsdp_passes.bucketing.plan import fsdp_payload_bytes
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+    from fsdp_passes.simulate import peak_memory
+    from fsdp_passes.testing import capture_scheduler_nodes, fake_process_group
+
+    out = {}
+    with fake_process_group(world_size=8):
+        for name, make in MODELS.items():
+            model = make()
+            torch._dynamo.reset()
+            graphs = {}
+            for cap in capture_scheduler_nodes(model, *example_inputs(model, batch=BATCH, seed=0)):
+                with cap.graph_context():
+                    dag = dag_from_scheduler_nodes(cap.after)
+                graphs[cap.graph_name] = (peak_memory(dag, list(range(len(dag)))), fsdp_payload_bytes(dag))
+            out[name] = graphs
+    torch._dynamo.reset()
+    return out
+
+
+@pytest.mark.parametrize("model_name, mode, budget", SWEEP, ids=[f"{m}-{mode}-{b}" for m, mode, b in SWEEP])
+def test_final_peak_within_no_pass_peak_plus_budget(fake_pg, fresh_inductor, baselines, model_name, mode, budget):
+    model = MODELS[model_name]()
+    options = dict(MODES[mode](model_name), memory_budget=budget, reorder=True)
+    fsdp_passes.last_reports(clear=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # manual plans over the budget are split with a warning (tested below)
+        measures = measure_compile(model, *example_inputs(model, batch=BATCH, seed=0), options=options)
+    reports = fsdp_passes.last_reports()
+    assert not [r.fallback for r in reports if r.fallback]
+    scheduler = [r for r in reports if r.pass_name == "scheduler"]
+    assert [m.graph_name for m in measures] == list(baselines[model_name]) and len(scheduler) == len(measures)
+    for measure, report in zip(measures, scheduler):
+        base_peak, payload = baselines[model_name][measure.graph_name]
+        budget_bytes = Options(memory_budget=budget).memory_budget_bytes(payload)
+        assert measure.peak_bytes <= base_peak + budget_bytes, (
+            f"{measure.graph_name}: final peak {measure.peak_bytes} B > no-pass peak {base_peak} B + budget "
+            f"{budget_bytes} B")
+        # the report states the budget and the final peak (measured independently here)
+        assert report.extra["memory_budget_total_bytes"] == budget_bytes
+        assert report.peak_memory_bytes_after == measure.peak_bytes
+        assert report.extra["memory_limit_bytes"] == report.peak_memory_bytes_before + report.extra["memory_budget_bytes"]
+        if mode == "none":  # the graph Inductor ordered is the no-pass graph: its peak is the baseline
+            assert report.peak_memory_bytes_before == base_peak
+        fx = [r for r in reports if r.pass_name == "fx" and r.graph == report.graph]
+        if mode != "none":
+            assert fx and fx[0].extra["memory_budget_bytes"] == budget_bytes
+            assert fx[0].extra["memory_budget_used_bytes"] <= budget_bytes
+        if budget == 0:
+            assert measure.peak_bytes <= base_peak
+
+
+def test_sweep_is_not_vacuous(fake_pg, fresh_inductor, baselines):
+    """With a generous budget the passes do use memory (merge, prefetch) and still keep the promise."""
+    model = MODELS["mlp"]()
+    fsdp_passes.last_reports(clear=True)
+    measures = measure_compile(model, *example_inputs(model, batch=BATCH, seed=0),
+                               options=dict(bucketing="auto", memory_budget="100%"))
+    fx = [r for r in fsdp_passes.last_reports() if r.pass_name == "fx"]
+    assert all(r.n_collectives_after < r.n_collectives_before for r in fx)
+    assert any(m.peak_bytes > baselines["mlp"][m.graph_name][0] for m in measures)
+
+
+@pytest.fixture(scope="module")
+def mlp_fx():
+    from fsdp_passes.testing import fake_process_group
+
+    with fake_process_group(world_size=8):
+        model = build_mlp(4, 64, reshard_after_forward=True)
+        graphs = capture_fx_graphs(model, *example_inputs(model, batch=BATCH, seed=0))
+    torch._dynamo.reset()
+    return graphs
+
+
+def test_manual_plan_over_budget_is_split_with_a_warning(mlp_fx):
+    from fsdp_passes.pipeline import bucket_graph
+
+    plan = dict(bucketing="manual", bucket_plan=[["layers"]])
+    gm = copy.deepcopy(mlp_fx.forward)
+    with pytest.warns(UserWarning, match=r"bucket_plan buckets '\[layers\] \(all_gather, 16 collectives\)'"):
+        r = bucket_graph(gm, Options(**plan, memory_budget="50%"))
+    assert 1 < r.n_collectives_after < r.n_collectives_before  # split, not dropped
+    assert r.memory_budget_used_bytes <= r.memory_budget_bytes
+    assert all(b.close_reason in ("memory", "plan", "end") for b in r.buckets)
+    # within the budget: kept as asked, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = bucket_graph(copy.deepcopy(mlp_fx.forward), Options(**plan, memory_budget="300%"))
+    assert r.n_collectives_after == 1
+
+
+def test_manual_plan_over_budget_raises_when_strict(mlp_fx):
+    from fsdp_passes.pipeline import bucket_graph
+    from fsdp_passes.pipeline.plans import BucketOverBudget
+
+    gm = copy.deepcopy(mlp_fx.backward)
+    code = gm.code
+    with pytest.raises(BucketOverBudget, match="layers"):
+        bucket_graph(gm, Options(bucketing="manual", bucket_plan=[["layers"]], memory_budget=0, strict=True))
+    assert gm.code == code
