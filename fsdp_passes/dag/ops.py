@@ -6,7 +6,7 @@ classification lives here once.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
 
@@ -148,17 +148,25 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | Non
     def through(v: int) -> bool:
         return nodes[v].kind is NodeKind.WAIT or (nodes[v].kind is NodeKind.COMPUTE and bool(pass_through[v]))
 
-    def from_inputs(c: int) -> bool:
+    def upstream(c: int, hit: Callable[[int], bool], go_on: Callable[[int], bool]) -> bool:
+        """Whether a node ``hit`` accepts lies upstream of ``c``, searching on through nodes ``go_on`` accepts."""
         stack, seen = list(dag.preds[c]), set()
         while stack:
             v = stack.pop()
             if v in seen:
                 continue
             seen.add(v)
-            if nodes[v].kind is not NodeKind.COMPUTE or not pass_through[v]:
-                return False
-            stack.extend(dag.preds[v])
-        return True
+            if hit(v):
+                return True
+            if go_on(v):
+                stack.extend(dag.preds[v])
+        return False
+
+    def pass_through_compute(v: int) -> bool:
+        return nodes[v].kind is NodeKind.COMPUTE and bool(pass_through[v])
+
+    def from_inputs(c: int) -> bool:
+        return not upstream(c, lambda v: not pass_through_compute(v), pass_through_compute)
 
     def reaches_output(c: int, via_all_reduce: bool) -> bool:
         stack, seen = [c], {c}
@@ -176,17 +184,7 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | Non
         return False
 
     def fed_by_reduce_scatter(c: int) -> bool:
-        stack, seen = list(dag.preds[c]), set()
-        while stack:
-            v = stack.pop()
-            if v in seen:
-                continue
-            seen.add(v)
-            if nodes[v].collective is CollectiveOp.REDUCE_SCATTER:
-                return True
-            if through(v):
-                stack.extend(dag.preds[v])
-        return False
+        return upstream(c, lambda v: nodes[v].collective is CollectiveOp.REDUCE_SCATTER, through)
 
     def reduced(v: int) -> bool:
         return nodes[v].collective is CollectiveOp.REDUCE_SCATTER or (through(v) and fed_by_reduce_scatter(v))
