@@ -31,5 +31,5 @@ fi
 
 case "$job" in
   demo) exec .venv/bin/python -m fsdp_passes demo "$@" ;;
-  test) exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@" ;;
+  test) exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests "$@" ;;
 esac

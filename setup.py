@@ -25,6 +25,7 @@ setup(
         "test": [
             "pytest>=8",
             "hypothesis>=6",
+            "pytest-xdist==3.8.0",  # the suite runs one worker per core, each test file in one worker
             # third-party model tier (tests/models): small random configurations, nothing downloaded at run time;
             # torchtitan itself is installed by dev.sh with --no-deps (its data-loading and logging
             # dependencies are not needed), these are what its model and SimpleFSDP imports need

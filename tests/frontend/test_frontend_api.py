@@ -157,7 +157,8 @@ def test_traced_collectives_and_the_passes_bucket_and_reorder_them(fake_pg_facto
             assert n.args[1] == world_size
     fsdp_passes.last_reports(clear=True)
     capture_scheduler_nodes(model, *example_inputs(model),
-                            options=dict(bucketing="manual", bucket_plan=["layers.[0-1]"], reorder=True, strict=True))
+                            options=dict(bucketing="manual", bucket_plan=["layers.[0-1]"], reorder=True, strict=True,
+                                         memory_budget="1GB"))
     reports = fsdp_passes.last_reports()
     fx = {r.graph.split("_")[1]: r for r in reports if r.pass_name == "fx"}
     sched = [r for r in reports if r.pass_name == "scheduler"]

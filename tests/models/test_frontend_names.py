@@ -128,7 +128,7 @@ def test_plain_dtensor_gpt_names_blocks_tied_and_uneven_shards():
         _shard_parameters(model, 8)
         fsdp_passes.last_reports(clear=True)
         graphs = capture_fx_graphs(model, torch.randint(0, 251, (2, 8)),
-                                   options=dict(bucketing="manual", bucket_plan=plan, strict=True))
+                                   options=dict(bucketing="manual", bucket_plan=plan, strict=True, memory_budget="1GB"))
         reports = [r for r in fsdp_passes.last_reports() if r.pass_name == "fx"]
     assert [r.fallback for r in reports] == [None, None]
     params = {n for n, _ in model.named_parameters()}

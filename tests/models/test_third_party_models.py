@@ -39,7 +39,7 @@ def test_manual_per_block_plan_auto_and_names_on_fake_pg(name):
         fsdp_passes.last_reports(clear=True)
         plan = PER_BLOCK_PLANS[name]
         graphs = capture_fx_graphs(model, token_ids(name),
-                                   options=dict(bucketing="manual", bucket_plan=plan, strict=True))
+                                   options=dict(bucketing="manual", bucket_plan=plan, strict=True, memory_budget="1GB"))
         reports = _fx(fsdp_passes.last_reports())
         assert [r.fallback for r in reports] == [None, None]
         params = {n for n, _ in model.named_parameters()}
@@ -62,7 +62,7 @@ def test_manual_per_block_plan_auto_and_names_on_fake_pg(name):
 
         # auto on the same (unplanned) graphs: no fallback, its per-block candidate merges something
         for gm in (graphs.forward, graphs.backward):
-            result = bucket_graph(copy.deepcopy(gm), Options(bucketing="auto", strict=True))
+            result = bucket_graph(copy.deepcopy(gm), Options(bucketing="auto", strict=True, memory_budget="1GB"))
             per_block = next(c for c in result.choice.candidates if c.name == "per_block")
             assert per_block.rejected is None and per_block.skipped is None
             assert sum(1 for b in per_block.plan.buckets if len(b) > 1) > 0
@@ -86,7 +86,7 @@ def _steps(rank: int, world_size: int, names: tuple[str, ...]) -> dict:
             torch._dynamo.reset()
             fsdp_passes.last_reports(clear=True)
             if mode == "passes":
-                fsdp_passes.enable(bucketing="manual", bucket_plan=PER_BLOCK_PLANS[name], strict=True)
+                fsdp_passes.enable(bucketing="manual", bucket_plan=PER_BLOCK_PLANS[name], strict=True, memory_budget="1GB")
             fn = model if mode == "eager" else torch.compile(model)
             loss = fn(ids)
             loss.backward()
