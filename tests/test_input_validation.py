@@ -94,6 +94,7 @@ BAD_OPTIONS = [
     ({"memory_budget": "5"}, ["memory_budget", "'5'", "ambiguous", "'5%'", "'512MB'", "int"]),
     ({"memory_budget": "5.5"}, ["memory_budget", "'5.5'", "ambiguous"]),
     ({"memory_budget": "5 parsecs"}, ["memory_budget", "'5 parsecs'"]),
+    ({"memory_budget": "-2 blocks"}, ["memory_budget", "'-2 blocks'", "'2 blocks'"]),
     ({"memory_budget": True}, ["memory_budget", "True"]),
 ]
 
@@ -129,6 +130,9 @@ def test_bad_file_is_a_value_error_at_enable(files, option, name, words):
 
 GOOD_OPTIONS = [
     {"memory_budget": "5%"},
+    {"memory_budget": "2 blocks"},
+    {"memory_budget": "1 block"},
+    {"memory_budget": "0.5blocks"},
     {"memory_budget": "512MB"},
     {"memory_budget": "2GiB"},
     {"memory_budget": "4096B"},

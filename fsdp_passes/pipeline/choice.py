@@ -14,20 +14,31 @@ forward gather cannot be prefetched under anything and exposes its whole transfe
 3. ``greedy_half_cap``: greedy with the size cap at half the bytes of the largest block bucket (only when
    that changes the greedy plan),
 
-and scores each one on the **balanced-overlap model** (``score_plan``): per process group and direction
-(gathers, reductions), the buckets run one after another on the group's stream, priced by the cost model;
-the compute that uses a gathered parameter (or produces a gradient) is assumed to last as long as moving
-that tensor at the link's full bandwidth (the cost model's marginal time per byte of a large message).  That is
-the point where overlap is just possible, so the score weighs what bucketing trades: a latency saved per
-merged collective against a larger first (gathers) or last (reductions) bucket that nothing hides.  With
-``reorder`` on, gathers are issued as early as the stream allows (prefetch); with it off, when first
+and scores each one on an **overlap model** (``score_plan``) that walks the graph once: one compute stream
+through the FSDP collectives in graph order, and per process group and direction (gathers, reductions) a
+stream on which the buckets run one after another, priced by the cost model.  A gathered parameter's
+first use waits for its bucket; a bucket of reductions is issued when its last gradient is ready.  Compute
+between two collectives is the larger of
+
+- the launch floor of the kernels Inductor is predicted to run there (``dag.fusion.predict_kernels``, one
+  empty kernel's time each: on a small model this is most of the step, and hides small collectives), and
+- a stand-in for the FLOPs the score may not read: a parameter's (gradient's) transfer time at the link's
+  full bandwidth (the cost model's marginal time per byte of a large message) after its first use (before
+  its reduction), the point where overlap is just possible;
+
+and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
+before the issue and each member copied out before its use; a reduction: each member copied in, the shard
+copied out).  So the score weighs what bucketing trades: a latency saved per merged collective against the
+copies it adds and a larger first (gathers) or last (reductions) bucket that nothing hides.  With
+``reorder`` on, gathers are issued as early as their stream allows (prefetch); with it off, when first
 needed.  Score: modelled makespan, then exposed communication, then fewer collectives, then the
 candidate's index.
 
 Everything the score reads is rank-invariant: the FSDP collectives (op, group, payload, dtype), their
-order, the module structure, the options and the cluster profile; no compute estimate or activation size, which
-differ between ranks with different local batches.  So every rank chooses the same plan.  It costs
-O(collectives) per candidate: no graph is rewritten or simulated.
+order, the graph's structure (which kernels run between them), the module structure, the options and the
+cluster profile; no FLOP count or activation size, which differ between ranks with different local batches.
+So every rank chooses the same plan.  It costs one kernel prediction per graph and O(collectives) per
+candidate: no graph is rewritten or simulated.
 
 Memory: every candidate is fitted to the budget (``fit_to_budget``), so its rank-invariant claim on it
 (``memory_claim``) is within ``memory_budget``; a candidate over it (never one of these four) is rejected.
@@ -62,7 +73,7 @@ def _signature(plan: BucketPlanResult) -> tuple:
 
 @dataclass
 class CandidateScore:
-    """One candidate plan and its balanced-overlap model figures (times in ms, memory in bytes)."""
+    """One candidate plan and its overlap model figures (times in ms, memory in bytes)."""
 
     index: int
     name: str
@@ -111,7 +122,7 @@ class AutoChoice:
         out: dict[str, Any] = {
             "chosen": self.chosen,
             "memory_budget_bytes": self.budget_bytes,
-            "score": "balanced-overlap model: makespan, then exposed comm, then fewer collectives, then index",
+            "score": "overlap model: makespan, then exposed comm, then fewer collectives, then index",
             "candidates": [c.to_json() for c in self.candidates],
         }
         if self.note:
@@ -119,12 +130,50 @@ class AutoChoice:
         return out
 
 
+@dataclass
+class GraphStructure:
+    """What the score knows of a graph's compute, from its structure only: the launch floor of the kernels
+    Inductor is predicted to run (``dag.fusion.predict_kernels``) as prefix sums over the FX DAG's node
+    positions (``floor_ms[i]``: kernels at positions before ``i``), and the time of an empty kernel."""
+
+    floor_ms: list[float]
+    launch_ms: float
+
+    @classmethod
+    def of(cls, dag: Dag, cost_model: Any) -> "GraphStructure":
+        import torch.fx as fx
+
+        from ..dag.fusion import predict_kernels
+        from ..dag.graph import NodeKind
+
+        launch = float(cost_model.compute_ms(0.0, 0.0))
+        per_position = [0.0] * (len(dag) + 1)
+        for kernel in predict_kernels(dag).nodes:
+            if kernel.kind is not NodeKind.COMPUTE or not kernel.launches_kernel:
+                continue
+            name = kernel.origin.name if isinstance(kernel.origin, fx.Node) else kernel.name
+            position = dag.index.get(name)
+            if position is not None:
+                per_position[position] += launch
+        floor, total = [0.0], 0.0
+        for t in per_position:
+            total += t
+            floor.append(total)
+        return cls(floor_ms=floor, launch_ms=launch)
+
+    def between(self, a: int, b: int) -> float:
+        """Launch floor of the kernels at positions ``a <= i < b``."""
+        return self.floor_ms[max(b, a)] - self.floor_ms[a]
+
+
 def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, budget: MemoryBudget,
-               score: CandidateScore) -> CandidateScore:
-    """Fill ``score`` with the balanced-overlap model's figures for ``plan`` (see the module docstring).
+               score: CandidateScore, structure: GraphStructure | None = None) -> CandidateScore:
+    """Fill ``score`` with the overlap model's figures for ``plan`` (see the module docstring).
 
     Collectives the plan leaves out (``unbucketed``) are scored alone; only bucketable ones are in a plan,
     and the others are the same in every candidate."""
+    if structure is None:
+        structure = GraphStructure.of(dag, cost_model)
     units: list[tuple[list[int], CollectiveOp | None]] = [(list(b.members), b.op) for b in plan.buckets]
     units.extend(([c], dag.nodes[c].collective) for c in plan.unbucketed)
     score.n_collectives = len(units)
@@ -140,54 +189,97 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         return float(cost_model.collective_ms(op or CollectiveOp.OTHER, nbytes, node.group_size or 2,
                                               node.group_ranks))
 
-    streams: dict[tuple[str, bool], list[tuple[list[int], float]]] = {}
-    for members, op in units:
+    def copy_ms(nbytes: float) -> float:  # one copy kernel: reads and writes ``nbytes``
+        return float(cost_model.compute_ms(0.0, 2.0 * nbytes))
+
+    # per unit: its stream (group, direction), its cost, and the compute its merge adds (copy kernels)
+    stream_of: list[tuple[str, bool]] = []
+    comm_ms: list[float] = []
+    copy_in: list[float] = []  # on the compute stream before the issue
+    copy_out: dict[int, float] = {}  # per member, on the compute stream before its first use (gathers)
+    owner: dict[int, int] = {}
+    for k, (members, op) in enumerate(units):
         first = dag.nodes[members[0]]
         is_gather = op is not None and op not in _REDUCTIONS
         total = sum(dag.nodes[m].comm_bytes for m in members)
-        streams.setdefault((first.group_name or "?", is_gather), []).append((members, cost(op, total, first)))
-    makespan = exposed = 0.0
-    for (_, is_gather), seq in streams.items():
-        # compute per member: its transfer time at the link's full bandwidth (the marginal cost per byte of a
-        # large message: neither the latency nor the poorer bandwidth of small messages)
-        slot: dict[int, float] = {}
-        for members, _ in seq:
-            for m in members:
-                node = dag.nodes[m]
-                per_byte = (cost(node.collective, 2 * _LARGE, node) - cost(node.collective, _LARGE, node)) / _LARGE
-                slot[m] = max(0.0, per_byte) * node.comm_bytes
-        order = sorted(slot)
-        busy = sum(slot.values())
+        stream_of.append((first.group_name or "?", is_gather))
+        comm_ms.append(cost(op, total, first))
+        merged = len(members) > 1
+        shard = max(first.group_size or 1, 1)
         if is_gather:
-            seq.sort(key=lambda u: u[0][0])
-            owner = {m: k for k, (members, _) in enumerate(seq) for m in members}
-            done = [0.0] * len(seq)
-            issued = [False] * len(seq)
-            stream = end = 0.0
-            if options.reorder:  # prefetch: every bucket as early as the stream allows
-                for k, (_, c) in enumerate(seq):
-                    stream = done[k] = stream + c
-                    issued[k] = True
-            for m in order:
-                k = owner[m]
-                if not issued[k]:  # no prefetch: issued when first needed
-                    stream = done[k] = max(stream, end) + seq[k][1]
-                    issued[k] = True
-                end = max(end, done[k]) + slot[m]
-            span = end
+            # a merged gather: each member's shard copied in, each member copied out of the merged buffer
+            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in members) if merged else 0.0)
+            for m in members:
+                copy_out[m] = copy_ms(dag.nodes[m].comm_bytes) if merged else 0.0
         else:
-            seq.sort(key=lambda u: u[0][-1])
-            produced, t = {}, 0.0
-            for m in order:
-                t += slot[m]
-                produced[m] = t
-            stream = 0.0
-            for members, c in seq:
-                stream = max(stream, produced[members[-1]]) + c
-            span = max(t, stream)
-        makespan += span
-        exposed += span - busy
-    score.makespan_ms, score.exposed_ms = makespan, exposed
+            # a merged reduction: each member copied into the flat input, the reduced shard copied out once
+            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in members) + copy_ms(total / shard)
+                           if merged else 0.0)
+        for m in members:
+            owner[m] = k
+
+    # compute standing in for the FLOPs the score may not read: a member's transfer at the link's full
+    # bandwidth (the marginal cost per byte of a large message), after a gathered parameter's first use and
+    # before a gradient's reduction; between two collectives at least the kernels' launch floor
+    def balanced(m: int) -> float:
+        node = dag.nodes[m]
+        per_byte = (cost(node.collective, 2 * _LARGE, node) - cost(node.collective, _LARGE, node)) / _LARGE
+        return max(0.0, per_byte) * node.comm_bytes
+
+    events = sorted(owner)  # FSDP members in graph order
+    gather = [stream_of[owner[m]][1] for m in events]
+    stream_free: dict[tuple[str, bool], float] = {}
+    done = [0.0] * len(units)
+    issued = [False] * len(units)
+    busy = 0.0
+
+    def issue(k: int, now: float) -> float:
+        """Issue unit ``k`` at ``now`` on the compute stream: its copy-in, then the collective on its stream.
+        Returns the compute stream's time after the copy-in."""
+        now += copy_in[k]
+        start = max(now, stream_free.get(stream_of[k], 0.0))
+        stream_free[stream_of[k]] = done[k] = start + comm_ms[k]
+        issued[k] = True
+        return now
+
+    now = 0.0
+    if options.reorder:  # prefetch: every gather bucket issued up front, in order, as its stream allows
+        for k in range(len(units)):
+            if stream_of[k][1]:
+                now = issue(k, now)
+        busy += now
+    remaining = {k: len(members) for k, (members, _) in enumerate(units)}
+    previous = 0
+    for e, m in enumerate(events):
+        k = owner[m]
+        # compute from the previous collective to this one: launch floor, or the balanced stand-in of the
+        # gradient produced here and the parameter used since the previous collective
+        region = structure.between(previous, m)
+        stand_in = (balanced(m) if not gather[e] else 0.0) + (
+            balanced(events[e - 1]) if e > 0 and gather[e - 1] else 0.0)
+        step = max(region, stand_in)
+        now += step
+        busy += step
+        previous = m
+        if gather[e]:
+            if not issued[k]:  # no prefetch: issued when first needed
+                before = now
+                now = issue(k, now)
+                busy += now - before
+            now = max(now, done[k]) + copy_out[m]
+            busy += copy_out[m]
+        else:
+            remaining[k] -= 1
+            if remaining[k] == 0:  # the last gradient of the bucket is ready
+                before = now
+                now = issue(k, now)
+                busy += now - before
+    tail = max(structure.between(previous, len(dag)),
+               balanced(events[-1]) if events and gather[-1] else 0.0)
+    now += tail
+    busy += tail
+    makespan = max([now, *done])
+    score.makespan_ms, score.exposed_ms = makespan, makespan - busy
     return score
 
 
@@ -232,6 +324,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
         fit_to_budget(dag, half_plan, budget)
         plans.append(("greedy_half_cap", half_plan, f"cap {int(cap_mb * 2**20)} B"))
 
+    structure = GraphStructure.of(dag, cost_model)
     scores: list[CandidateScore] = []
     seen: dict[tuple, CandidateScore] = {}
     for index, (name, plan, note) in enumerate(plans):
@@ -248,11 +341,11 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
             scores.append(sc)
             continue
         seen[sig] = sc
-        scores.append(score_plan(dag, plan, options, cost_model, budget, sc))
+        scores.append(score_plan(dag, plan, options, cost_model, budget, sc, structure))
 
     valid = [s for s in scores if s.makespan_ms is not None and not (s.rejected or s.same_as or s.skipped)]
     best = min(valid, key=CandidateScore.key)  # "none" claims nothing: never rejected
     return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, budget_bytes=budget.total)
 
 
-__all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "choose_auto_plan", "score_plan"]
+__all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "GraphStructure", "choose_auto_plan", "score_plan"]
