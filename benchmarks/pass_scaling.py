@@ -127,7 +127,7 @@ def time_synthetic(target: int) -> dict[str, Any]:
     with clock("bucket"):
         plan = plan_bucketing(dag, options, cm)
     with clock("reorder"):
-        budget = options.memory_budget_bytes(fsdp_payload_bytes(dag))  # as the passes take a percentage
+        budget = options.memory_budget_bytes(fsdp_payload_bytes(dag), 0)  # as the passes take a percentage
         res = plan_order(dag, durations, memory_budget_bytes=budget)
     t["total"] = sum(t[s] for s in STAGES)
     cpu["total"] = sum(cpu[s] for s in STAGES)

@@ -131,10 +131,12 @@ def test_unknown_option_is_named():
 
 
 def test_memory_budget_forms():
-    assert Options(memory_budget="5%").memory_budget_bytes(1000) == 50
-    assert Options(memory_budget="2GiB").memory_budget_bytes(0) == 2 * 2**30
-    assert Options(memory_budget="512MB").memory_budget_bytes(0) == 512 * 10**6
-    assert Options(memory_budget=123).memory_budget_bytes(10**9) == 123
+    assert Options(memory_budget="5%").memory_budget_bytes(1000, 7) == 50
+    assert Options(memory_budget="2GiB").memory_budget_bytes(0, 7) == 2 * 2**30
+    assert Options(memory_budget="512MB").memory_budget_bytes(0, 7) == 512 * 10**6
+    assert Options(memory_budget=123).memory_budget_bytes(10**9, 7) == 123
+    assert Options(memory_budget="2 blocks").memory_budget_bytes(10**9, 7) == 14
+    assert Options(memory_budget="0.5 block").memory_budget_bytes(10**9, 10) == 5
 
 
 def test_environment_overrides(monkeypatch):

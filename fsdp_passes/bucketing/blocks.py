@@ -5,14 +5,21 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections import Counter
+from typing import Hashable, Mapping, Sequence
 
-from ..dag.graph import Dag
+from ..dag.graph import Dag, NodeKind
 from .manual import collective_fqn
 from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, cut_to_bound,
                    make_bucket, split_dependent)
 
-__all__ = ["block_keys", "plan_per_block", "plan_unmerged"]
+__all__ = ["REPEAT", "block_keys", "collective_blocks", "plan_per_block", "plan_unmerged", "repeated_blocks"]
+
+#: the prefix of blocks found by the graph's repeated structure, not by module names
+REPEAT = "<repeat>"
+
+# how many of the most frequent gaps between equal signatures are tried as the period of a repeated block
+_PERIODS_TRIED = 8
 
 
 def _first_index(parts: list[str]) -> int | None:
@@ -47,6 +54,84 @@ def block_keys(fqns: Mapping[int, str | None]) -> dict[int, str | None]:
     return out
 
 
+def _repeating_run(signatures: Sequence[Hashable]) -> tuple[int, int, int] | None:
+    """The longest stretch of ``signatures`` made of one pattern repeated at least twice: (start, period,
+    repetitions), or None.  Periods tried: the most frequent distances between equal signatures (a layer's
+    first collective recurs once per layer), shortest first among equal coverage; O(n) per period."""
+    last: dict[Hashable, int] = {}
+    gaps: Counter[int] = Counter()
+    for i, sig in enumerate(signatures):
+        if sig in last:
+            gaps[i - last[sig]] += 1
+        last[sig] = i
+    best: tuple[int, int, int] | None = None
+    best_cover = 0
+    for period in sorted(p for p, _ in gaps.most_common(_PERIODS_TRIED)):
+        run = 0  # how many positions i so far have signatures[i] == signatures[i + period], consecutively
+        for i in range(len(signatures) - period + 1):
+            if i < len(signatures) - period and signatures[i] == signatures[i + period]:
+                run += 1
+                continue
+            # the run of matches ending before i spans run + period positions: whole repetitions of it
+            reps = (run + period) // period
+            if reps >= 2 and reps * period > best_cover:
+                best, best_cover = (i - run, period, reps), reps * period
+            run = 0
+    return best
+
+
+def _compute_prefix(dag: Dag) -> list[int]:
+    """``prefix[i]``: how many compute nodes come before node ``i``."""
+    prefix = [0]
+    for node in dag.nodes:
+        prefix.append(prefix[-1] + (node.kind is NodeKind.COMPUTE))
+    return prefix
+
+
+def repeated_blocks(dag: Dag, members: Sequence[int], compute_prefix: Sequence[int] | None = None,
+                    ) -> dict[int, str | None]:
+    """Blocks found without module names: ``members`` (one bucketable sequence, in graph order) split where
+    the graph repeats itself.  A collective's signature is its payload and the number of compute nodes
+    between it and the next member; the longest stretch of one repeated pattern of signatures
+    (``_repeating_run``) is cut into its repetitions, ``<repeat>.<j>`` each (no module can have that name);
+    members outside it get None.
+    Structure and payloads only, so the same on every rank."""
+    if len(members) < 4:
+        return {m: None for m in members}
+    computes = compute_prefix if compute_prefix is not None else _compute_prefix(dag)
+    ends = list(members[1:]) + [len(dag)]
+    signatures = [(dag.nodes[m].comm_bytes, computes[e] - computes[m]) for m, e in zip(members, ends)]
+    found = _repeating_run(signatures)
+    out: dict[int, str | None] = {m: None for m in members}
+    if found is not None:
+        start, period, reps = found
+        # the last repetition is followed by something else (the end of the layers), which changes the compute
+        # counts around it: it is one more repetition if its payloads follow the pattern
+        payloads = [sig[0] for sig in signatures]
+        end = start + reps * period
+        if payloads[end: end + period] == payloads[start: start + period]:
+            reps += 1
+        for j in range(reps):
+            for m in members[start + j * period: start + (j + 1) * period]:
+                out[m] = f"{REPEAT}.{j}"
+    return out
+
+
+def collective_blocks(dag: Dag, fqns: Mapping[int, str | None]) -> dict[int, str | None]:
+    """Bucketable collective id (with its FQN or None, in graph order) -> its block: by module names
+    (``block_keys``), else, per bucketable sequence, by the graph's repeated structure (``repeated_blocks``)."""
+    blocks = block_keys(fqns)
+    unnamed: dict[tuple, list[int]] = {}
+    for c in fqns:
+        if blocks[c] is None:
+            unnamed.setdefault(bucket_key(dag.nodes[c]), []).append(c)
+    if unnamed:
+        prefix = _compute_prefix(dag)
+        for members in unnamed.values():
+            blocks.update(repeated_blocks(dag, members, prefix))
+    return blocks
+
+
 def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
                    cap_bytes: int | None = None, memory_budget_bytes: BucketLimit = None) -> BucketPlanResult:
     """One bucket per module block (see ``block_keys``) per (op, group, reduce op, dtype, group size).
@@ -54,7 +139,7 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
     Members that depend on each other are split into runs (``close_reason="dependency"``).  A run is cut
     where the next member would take it over ``cap_bytes`` (``"size_cap"``) or its ``extra_bytes_bound`` over
     ``memory_budget_bytes`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
-    without an FQN stay alone.
+    without an FQN are grouped by the graph's repeated structure (``repeated_blocks``); the rest stay alone.
     """
     collectives = dag.collectives()
     unbucketed: dict[int, str] = {}
@@ -65,7 +150,7 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
             unbucketed[c] = why
         else:
             fqns[c] = collective_fqn(dag.nodes[c], param_fqns)
-    blocks = block_keys(fqns)
+    blocks = collective_blocks(dag, fqns)
     groups: dict[tuple, list[int]] = {}
     buckets: list[Bucket] = []
     for c in fqns:  # graph order

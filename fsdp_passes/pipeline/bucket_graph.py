@@ -185,10 +185,11 @@ def bucket_graph(
 def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None, bucket_non_fsdp: bool = False,
                           ) -> tuple[dict[str, dict[str, str | None]], dict[str, str], list[str]]:
     """Per bucketable collective, the parameter it moves and the module that ran it; the ones with neither,
-    and why; and the blocks (repeated sibling modules) their FQNs fall into, in graph order."""
+    and why; and the blocks they fall into, in graph order: repeated sibling modules of their FQNs, else
+    repetitions of the graph's structure (``<repeat>.<j>``)."""
     from ..bucketing.manual import collective_fqn
     from ..bucketing.plan import bucketability, param_name
-    from ..bucketing.blocks import block_keys
+    from ..bucketing.blocks import collective_blocks
 
     attribution: dict[str, dict[str, str | None]] = {}
     unattributed: dict[str, str] = {}
@@ -207,7 +208,7 @@ def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None,
                 "its input is not a chain of casts / views / gathers from a parameter Dynamo saw (or the pre-grad "
                 "pass did not run), and the node has no nn_module_stack / fwd_nn_module_stack / module_fqn meta")
     blocks: list[str] = []
-    keys = block_keys(fqns)
+    keys = collective_blocks(dag, fqns)
     for c in fqns:
         key = keys[c]
         parts = key.split(".") if key else []

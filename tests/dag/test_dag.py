@@ -132,7 +132,7 @@ def test_graph_inputs_are_resident_bytes_in_both_builders(mlp_captures):
         expected = sum(n.meta["val"].numel() * n.meta["val"].element_size()
                        for n in gm.graph.nodes if n.op == "placeholder")
         assert f_dag.resident_bytes == s_dag.resident_bytes == expected > 0
-    assert Options(memory_budget="10%").memory_budget_bytes(10000) == 1000
+    assert Options(memory_budget="10%").memory_budget_bytes(10000, 0) == 1000
 
 
 def test_out_variant_collectives_are_priced_by_their_payload(fake_pg, fresh_inductor):
