@@ -15,10 +15,10 @@ its compute is timed under several configurations, alternated step by step:
     compute_only      the same model unsharded under torch.compile: the step without collectives
     comm_only         the step's collectives alone (same sizes and order, all issued asynchronously)
 
-After the timed steps every configuration runs two more, untimed steps under ``torch.profiler``: one with
-``profile_memory=True`` (the peak of the tensor bytes the step allocates, from the profiler's memory events)
-and one without it (the time the step blocks in collective waits during backward: its exposed
-communication).
+After the timed steps every configuration runs more, untimed steps under ``torch.profiler``: one with
+``profile_memory=True`` (the peak of the tensor bytes the step allocates, from the profiler's memory events),
+then ``--profiled-steps`` without it, alternated (the time the step blocks in collective waits during
+backward: its exposed communication).
 
 ``--balanced`` sizes the batch from a probe instead of ``--batch``: both ranks time the unsharded model's
 eager step at a probe batch and the step's collectives on the link, and the batch is scaled so that compute
@@ -55,7 +55,7 @@ SUBNET = "10.213.7."  # .1 rank 0, .2 rank 1; exists only inside our two namespa
 ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_separate",
                "fsdp_passes_manual", "compute_only", "comm_only")
 OURS = ("fsdp_passes", "fsdp_passes_separate", "fsdp_passes_manual")
-# Step-time targets (issue #19): (reference, limit on ours / reference, description)
+# Step-time targets of the balanced run: (reference, limit on ours / reference, description)
 TARGETS = (("compiled", 0.75, "<= 0.75 x compiled without passes"),
            ("inductor_builtin", 0.85, "<= 0.85 x Inductor built-ins"),
            ("fsdp2_eager", 0.8, "<= 0.8 x FSDP2 eager"),
@@ -80,6 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every configuration; default: reshard after forward, so backward gathers again")
     p.add_argument("--steps", type=int, default=12, help="timed steps per configuration (default 12)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first (default 2)")
+    p.add_argument("--profiled-steps", type=int, default=3,
+                   help="untimed steps per configuration profiled for backward waits, after the timed ones; the "
+                        "median is reported (default 3)")
     p.add_argument("--configs", default=",".join(ALL_CONFIGS),
                    help=f"comma-separated subset of {','.join(ALL_CONFIGS)}")
     p.add_argument("--memory-budget", default="100%",
@@ -98,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.layers, args.dim, args.hidden, args.batch = 2, 64, 128, 16
-        args.steps, args.warmup = 2, 1
+        args.steps, args.warmup, args.profiled_steps = 2, 1, 1
         if args.configs == ",".join(ALL_CONFIGS):
             args.configs = "fsdp2_eager,fsdp_passes"
     args.config_list = [c for c in args.configs.split(",") if c]
@@ -307,7 +310,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
             max_rel = max(max_rel, abs(a - b) / max(abs(b), 1e-30))
     summary: dict[str, Any] = {
         "machine": r0["machine"], "model": r0["model"], "balance_probe": r0.get("balance_probe"),
-        "steps": args.steps, "warmup": args.warmup,
+        "steps": args.steps, "warmup": args.warmup, "profiled_steps": args.profiled_steps,
         "smoke": args.smoke, "order": "round-robin: every timed step runs each configuration once, rotating "
                                       "which goes first",
         "configs": configs,
@@ -398,8 +401,8 @@ def rank_main(args: argparse.Namespace) -> int:
 
     inductor_config.compile_threads = 1
     params = json.loads(Path(args.params_json).read_text())
-    for key in ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "memory_budget", "rate",
-                "reshard"):
+    for key in ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "profiled_steps", "memory_budget",
+                "rate", "reshard"):
         setattr(args, key, params[key])
     args.config_list = params["config_list"]
     rank = args.rank
@@ -595,12 +598,15 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
             with c.context():
                 dist.barrier()
                 memory[c.name] = _profile_memory(c.step, models[c.name])
-    profiled: dict[str, dict] = {}
-    for c in configs:
-        if c.name in models:
+    wait_samples: dict[str, list[dict]] = {name: [] for name in models}
+    profiled_configs = [c for c in configs if c.name in models]
+    for i in range(args.profiled_steps):
+        k = i % len(profiled_configs)
+        for c in profiled_configs[k:] + profiled_configs[:k]:  # alternated like the timed steps
             with c.context():
                 dist.barrier()
-                profiled[c.name] = {**memory[c.name], **_profile_waits(c.step)}
+                wait_samples[c.name].append(_profile_waits(c.step))
+    profiled = {name: {**memory[name], **_median_waits(samples)} for name, samples in wait_samples.items()}
     extra: dict[str, Any] = {"warmup_s": compile_s, "dynamo_graphs_compiled": graphs, "thread_gflops": box[0],
                              "simulated_backward_exposed_comm_ms": _simulated_backward_exposed(pass_reports_raw),
                              "fsdp_passes_options": ours_options, "fsdp_passes_manual_options": manual_options,
@@ -676,6 +682,15 @@ def _profile_waits(step: Callable[[], Any]) -> dict:
     seen = any(n in wait_names for n in WAIT_OPS)
     return {"backward_s": (bend - bstart) / 1e9, "backward_wait_s": waits[BACKWARD_RANGE] if seen else None,
             "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names}
+
+
+def _median_waits(samples: list[dict]) -> dict:
+    """The median over profiled steps of backward time and waits (None stays None), with every sample."""
+    out: dict[str, Any] = {"wait_events": samples[0]["wait_events"], "samples": samples}
+    for key in ("backward_s", "backward_wait_s", "forward_wait_s"):
+        values = [s[key] for s in samples]
+        out[key] = None if None in values else statistics.median(values)
+    return out
 
 
 def _simulated_backward_exposed(reports: dict[str, list[Any]]) -> dict[str, float]:
