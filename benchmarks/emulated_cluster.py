@@ -25,7 +25,7 @@ eager step at a probe batch and the step's collectives on the link, and the batc
 takes as long as communication (compute grows with the batch, communication does not).
 
     sudo python benchmarks/emulated_cluster.py                 # full run, writes results/emulated_cluster.json
-    sudo python benchmarks/emulated_cluster.py --balanced --out benchmarks/results/emulated_cluster_balanced.json
+    sudo python benchmarks/emulated_cluster.py --balanced --out /tmp/balanced.json   # batch from the probe
     sudo python benchmarks/emulated_cluster.py --smoke --out /tmp/smoke.json
 
 Needs root, ``ip`` and ``tc``.  The namespaces (and so the veth pair) are deleted on every exit path.
