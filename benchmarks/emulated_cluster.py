@@ -9,11 +9,23 @@ its compute is timed under several configurations, alternated step by step:
     compiled          SimpleFSDP model under torch.compile, no communication passes
     inductor_builtin  + Inductor's own passes (bucket_*_fx="all", reorder_for_compute_comm_overlap passes)
     fsdp_passes       + fsdp_passes.enable(bucketing="auto") (the cost-model planner, the default)
+    fsdp_passes_separate  the same, the model wrapped with data_parallel(reduce_scatter_group="separate"):
+                      gradient reduce-scatters on a second process group over the same ranks
     fsdp_passes_manual + fsdp_passes.enable(bucketing="manual", bucket_plan=["layers.[0-N]"]): a bucket per layer
     compute_only      the same model unsharded under torch.compile: the step without collectives
     comm_only         the step's collectives alone (same sizes and order, all issued asynchronously)
 
+After the timed steps every configuration runs more, untimed steps under ``torch.profiler``: one with
+``profile_memory=True`` (the peak of the tensor bytes the step allocates, from the profiler's memory events),
+then ``--profiled-steps`` without it, alternated (the time the step blocks in collective waits during
+backward: its exposed communication).
+
+``--balanced`` sizes the batch from a probe instead of ``--batch``: both ranks time the unsharded model's
+eager step at a probe batch and the step's collectives on the link, and the batch is scaled so that compute
+takes as long as communication (compute grows with the batch, communication does not).
+
     sudo python benchmarks/emulated_cluster.py                 # full run, writes results/emulated_cluster.json
+    sudo python benchmarks/emulated_cluster.py --balanced --out /tmp/balanced.json   # batch from the probe
     sudo python benchmarks/emulated_cluster.py --smoke --out /tmp/smoke.json
 
 Needs root, ``ip`` and ``tc``.  The namespaces (and so the veth pair) are deleted on every exit path.
@@ -40,9 +52,15 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "emulated_cluster.json"
 DEFAULT_PREFIX = "fsdpbench"
 SUBNET = "10.213.7."  # .1 rank 0, .2 rank 1; exists only inside our two namespaces
-ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_manual", "compute_only",
-               "comm_only")
-OURS = ("fsdp_passes", "fsdp_passes_manual")
+ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_separate",
+               "fsdp_passes_manual", "compute_only", "comm_only")
+OURS = ("fsdp_passes", "fsdp_passes_separate", "fsdp_passes_manual")
+# Step-time targets of the balanced run: (reference, limit on ours / reference, description)
+TARGETS = (("compiled", 0.75, "<= 0.75 x compiled without passes"),
+           ("inductor_builtin", 0.85, "<= 0.85 x Inductor built-ins"),
+           ("fsdp2_eager", 0.8, "<= 0.8 x FSDP2 eager"),
+           ("bound", 1.10, "<= 1.10 x the bound max(compute, comm)"))
+PROBE_BATCH = 1024  # rows per rank of the --balanced compute probe
 INDUCTOR_BUILTIN_PASSES = ["reorder_compute_for_overlap", "sink_waits", "raise_comms"]
 
 
@@ -54,11 +72,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=512, help="model width (default 512)")
     p.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
     p.add_argument("--batch", type=int, default=1792, help="rows per rank per step (default 1792)")
+    p.add_argument("--balanced", action="store_true",
+                   help="choose the batch from a measured probe so that a step's compute takes as long as its "
+                        "communication (overrides --batch)")
     p.add_argument("--no-reshard", dest="reshard", action="store_false",
                    help="keep gathered parameters from forward to backward (reshard_after_forward=False) in "
                         "every configuration; default: reshard after forward, so backward gathers again")
     p.add_argument("--steps", type=int, default=12, help="timed steps per configuration (default 12)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per configuration first (default 2)")
+    p.add_argument("--profiled-steps", type=int, default=3,
+                   help="untimed steps per configuration profiled for backward waits, after the timed ones; the "
+                        "median is reported (default 3)")
     p.add_argument("--configs", default=",".join(ALL_CONFIGS),
                    help=f"comma-separated subset of {','.join(ALL_CONFIGS)}")
     p.add_argument("--memory-budget", default="100%",
@@ -77,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.smoke:
         args.layers, args.dim, args.hidden, args.batch = 2, 64, 128, 16
-        args.steps, args.warmup = 2, 1
+        args.steps, args.warmup, args.profiled_steps = 2, 1, 1
         if args.configs == ",".join(ALL_CONFIGS):
             args.configs = "fsdp2_eager,fsdp_passes"
     args.config_list = [c for c in args.configs.split(",") if c]
@@ -268,10 +292,16 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
     for name in args.config_list:
         # a step takes as long as its slower rank
         times = [max(a, b) for a, b in zip(ranks[0]["times"][name], ranks[1]["times"][name])]
+        median = statistics.median(times)
+        quartiles = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
         configs[name] = {
-            "median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "median_s": median, "min_s": min(times), "max_s": max(times),
+            "p25_s": quartiles[0], "p75_s": quartiles[2], "max_over_median": max(times) / median,
             "times_s": times, "loss": [r["losses"].get(name) for r in ranks],
         }
+        profiled = [r["profiled"].get(name) for r in ranks]
+        if all(profiled):
+            configs[name]["profiled_step"] = _combine_profiled(profiled)
     losses = {n: c["loss"] for n, c in configs.items() if c["loss"][0] is not None}
     ref = next(iter(losses.values()), None)
     max_rel = 0.0
@@ -279,7 +309,8 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
         for a, b in zip(vals, ref):
             max_rel = max(max_rel, abs(a - b) / max(abs(b), 1e-30))
     summary: dict[str, Any] = {
-        "machine": r0["machine"], "model": r0["model"], "steps": args.steps, "warmup": args.warmup,
+        "machine": r0["machine"], "model": r0["model"], "balance_probe": r0.get("balance_probe"),
+        "steps": args.steps, "warmup": args.warmup, "profiled_steps": args.profiled_steps,
         "smoke": args.smoke, "order": "round-robin: every timed step runs each configuration once, rotating "
                                       "which goes first",
         "configs": configs,
@@ -291,16 +322,20 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
     med = {n: c["median_s"] for n, c in configs.items()}
     if "compute_only" in med and "comm_only" in med:
         summary["bound_s"] = max(med["compute_only"], med["comm_only"])
+        summary["compute_over_comm"] = med["compute_only"] / med["comm_only"]
+    peaks = {n: c["profiled_step"]["step_peak_bytes"] for n, c in configs.items() if "profiled_step" in c}
+    if "fsdp2_eager" in peaks:
+        summary["peak_memory_vs_fsdp2_eager"] = {
+            n: {"step_peak_ratio": v / peaks["fsdp2_eager"],
+                "transient_ratio": configs[n]["profiled_step"]["transient_peak_bytes"]
+                / configs["fsdp2_eager"]["profiled_step"]["transient_peak_bytes"]}
+            for n, v in peaks.items() if n in OURS or n == "compiled"}
     targets = {}
     for ours_name in OURS:
         if ours_name not in med:
             continue
         ours = med[ours_name]
-        checks = [("compiled", 0.8, "<= 0.8 x compiled without passes"),
-                  ("inductor_builtin", 1.0, "<= Inductor built-ins"),
-                  ("fsdp2_eager", 1.0, "<= FSDP2 eager"),
-                  ("bound", 1.15, "within 15% of the bound max(compute, comm)")]
-        for ref, limit, text in checks:
+        for ref, limit, text in TARGETS:
             ref_value = summary.get("bound_s") if ref == "bound" else med.get(ref)
             if ref_value:
                 targets[f"{ours_name}_vs_{ref}"] = {"what": f"{ours_name} {text}", "ratio": ours / ref_value,
@@ -309,17 +344,43 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
     return summary
 
 
+def _combine_profiled(per_rank: list[dict]) -> dict:
+    """One configuration's profiled steps on both ranks: memory per rank and the larger of the two; backward
+    time and exposed communication of the slower rank (its backward ends the step)."""
+    slower = max(per_rank, key=lambda p: p["backward_s"])
+    return {
+        "step_peak_bytes": max(p["step_peak_bytes"] for p in per_rank),
+        "transient_peak_bytes": max(p["transient_peak_bytes"] for p in per_rank),
+        "state_bytes": max(p["state_bytes"] for p in per_rank),
+        "backward_s": slower["backward_s"], "backward_wait_s": slower["backward_wait_s"],
+        "forward_wait_s": slower["forward_wait_s"], "per_rank": per_rank,
+    }
+
+
 def print_table(s: dict) -> None:
     m = s["model"]
     print(f"\nmodel: MLP, {m['layers']} layers, dim {m['dim']}, hidden {m['hidden']}, batch {m['batch']}"
           f" per rank, {m['param_bytes'] / 2**20:.1f} MiB of fp32 parameters, reshard after forward "
           f"{m['reshard_after_forward']}; {s['steps']} timed steps per configuration")
-    print(f"{'configuration':<18}{'median s':>10}{'min s':>9}{'max s':>9}  {'loss (rank 0)':>16}  {'loss (rank 1)':>16}")
+    if s.get("balance_probe"):
+        b = s["balance_probe"]
+        print(f"batch chosen by the probe: compute {b['compute_s']:.3f} s at batch {b['probe_batch']}, "
+              f"communication {b['comm_s']:.3f} s -> batch {b['batch']}")
+    print(f"{'configuration':<22}{'median s':>9}{'min s':>8}{'max s':>8}{'max/med':>8}{'bwd s':>7}{'bwd wait s':>11}"
+          f"{'peak MiB':>9}  {'loss (rank 0)':>15}  {'loss (rank 1)':>15}")
     for name, c in s["configs"].items():
         l0, l1 = (f"{v:.9g}" if v is not None else "-" for v in c["loss"])
-        print(f"{name:<18}{c['median_s']:>10.3f}{c['min_s']:>9.3f}{c['max_s']:>9.3f}  {l0:>16}  {l1:>16}")
+        prof = c.get("profiled_step")
+        wait_s = prof["backward_wait_s"] if prof else None
+        bwd, wait, peak = ((f"{prof['backward_s']:.3f}", "-" if wait_s is None else f"{wait_s:.3f}",
+                            f"{prof['step_peak_bytes'] / 2**20:.1f}") if prof else ("-", "-", "-"))
+        print(f"{name:<22}{c['median_s']:>9.3f}{c['min_s']:>8.3f}{c['max_s']:>8.3f}{c['max_over_median']:>8.2f}"
+              f"{bwd:>7}{wait:>11}{peak:>9}  {l0:>15}  {l1:>15}")
     if "bound_s" in s:
-        print(f"{'bound max(compute, comm)':<27}{s['bound_s']:.3f} s")
+        print(f"{'bound max(compute, comm)':<27}{s['bound_s']:.3f} s (compute / comm {s['compute_over_comm']:.2f})")
+    for name, r in s.get("peak_memory_vs_fsdp2_eager", {}).items():
+        print(f"  peak memory {name} / fsdp2_eager: step peak {r['step_peak_ratio']:.3f}, "
+              f"transient {r['transient_ratio']:.3f}")
     print(f"losses equal across configurations: {s['losses_equal']} (bitwise: {s['losses_bitwise_equal']}, "
           f"max relative difference {s['loss_max_rel_diff']:.2e})")
     for t in s["targets"].values():
@@ -340,7 +401,8 @@ def rank_main(args: argparse.Namespace) -> int:
 
     inductor_config.compile_threads = 1
     params = json.loads(Path(args.params_json).read_text())
-    for key in ("layers", "dim", "hidden", "batch", "steps", "warmup", "memory_budget", "rate", "reshard"):
+    for key in ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "profiled_steps", "memory_budget",
+                "rate", "reshard"):
         setattr(args, key, params[key])
     args.config_list = params["config_list"]
     rank = args.rank
@@ -405,11 +467,17 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     from fsdp_passes.testing import build_mlp
 
     world = dist.get_world_size()
-    gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(args.batch, args.dim, generator=gen)
 
     def model_kwargs() -> dict:
         return dict(n_layers=args.layers, dim=args.dim, hidden=args.hidden, seed=0)
+
+    balance_probe = None
+    if args.balanced:
+        balance_probe = _probe_balanced_batch(build_mlp(fsdp=False, **model_kwargs()), args.dim, world, args.reshard)
+        args.batch = balance_probe["batch"]
+        print(f"rank {rank}: balance probe {balance_probe}", flush=True)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(args.batch, args.dim, generator=gen)
 
     # rank 0 measures the thread's speed; both ranks must plan with the same profile
     box = [_measure_gflops() if rank == 0 else None]
@@ -444,13 +512,16 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
         def step() -> float:
             for p in model.parameters():
                 p.grad = None
-            loss = fn(x)
-            loss.backward()
+            with torch.profiler.record_function(FORWARD_RANGE):  # labels for the profiled steps; free otherwise
+                loss = fn(x)
+            with torch.profiler.record_function(BACKWARD_RANGE):
+                loss.backward()
             return loss.item()
 
         return step
 
     configs: list[_Config] = []
+    models: dict[str, torch.nn.Module] = {}
     param_bytes = sum(p.numel() * 4 for p in build_mlp(fsdp=False, **model_kwargs()).parameters())
     for name in args.config_list:
         if name == "fsdp2_eager":
@@ -463,14 +534,19 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
                 fully_shard(layer, mesh=mesh, reshard_after_forward=args.reshard)
             fully_shard(model, mesh=mesh, reshard_after_forward=args.reshard)
             configs.append(_Config(name, make_step(name, model, compiled=False), contextlib.nullcontext))
+            models[name] = model
         elif name in ("compiled", "inductor_builtin", *OURS):
-            model = build_mlp(reshard_after_forward=args.reshard, **model_kwargs())
+            # "separate": every rank creates the second process group here, in the same configuration order
+            rs_group = "separate" if name == "fsdp_passes_separate" else None
+            model = build_mlp(reshard_after_forward=args.reshard, reduce_scatter_group=rs_group, **model_kwargs())
             context = {"compiled": no_passes, "inductor_builtin": builtin, "fsdp_passes": ours,
-                       "fsdp_passes_manual": ours_manual}[name]
+                       "fsdp_passes_separate": ours, "fsdp_passes_manual": ours_manual}[name]
             configs.append(_Config(name, make_step(name, model, compiled=True), context))
+            models[name] = model
         elif name == "compute_only":
             model = build_mlp(fsdp=False, **model_kwargs())
             configs.append(_Config(name, make_step(name, model, compiled=True), no_passes))
+            models[name] = model
         elif name == "comm_only":
             step = _comm_only_step(build_mlp(fsdp=False, **model_kwargs()), world, args.reshard)
             configs.append(_Config(name, step, contextlib.nullcontext))
@@ -482,6 +558,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
 
     graphs: dict[str, int] = {}
     pass_reports: dict[str, list[str]] = {}
+    pass_reports_raw: dict[str, list[Any]] = {}
     for c in configs:  # warm-up (compiles) one configuration at a time
         t0 = time.perf_counter()
         before = counters["stats"]["unique_graphs"]
@@ -495,6 +572,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
         if c.name in OURS:
             reports = fsdp_passes.last_reports()
             pass_reports[c.name] = [r.one_line() for r in reports]
+            pass_reports_raw[c.name] = reports
             if not any(r.pass_name == "scheduler" for r in reports) or any(r.fallback for r in reports):
                 raise RuntimeError(f"{c.name}: the passes did not run (or fell back): {pass_reports[c.name]}")
         if loss is not None:
@@ -512,16 +590,160 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
                 raise RuntimeError(f"{c.name}: loss changed between steps ({losses[c.name]} -> {loss})")
         if rank == 0:
             print(f"step {i}: " + ", ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
+    # untimed profiled steps: memory first (its window must not see frees of tensors a profiled step of the
+    # same configuration allocated), then waits without the memory profiler's per-allocation overhead
+    memory: dict[str, dict] = {}
+    for c in configs:
+        if c.name in models:
+            with c.context():
+                dist.barrier()
+                memory[c.name] = _profile_memory(c.step, models[c.name])
+    wait_samples: dict[str, list[dict]] = {name: [] for name in models}
+    profiled_configs = [c for c in configs if c.name in models]
+    for i in range(args.profiled_steps):
+        k = i % len(profiled_configs)
+        for c in profiled_configs[k:] + profiled_configs[:k]:  # alternated like the timed steps
+            with c.context():
+                dist.barrier()
+                wait_samples[c.name].append(_profile_waits(c.step))
+    profiled = {name: {**memory[name], **_median_waits(samples)} for name, samples in wait_samples.items()}
     extra: dict[str, Any] = {"warmup_s": compile_s, "dynamo_graphs_compiled": graphs, "thread_gflops": box[0],
+                             "simulated_backward_exposed_comm_ms": _simulated_backward_exposed(pass_reports_raw),
                              "fsdp_passes_options": ours_options, "fsdp_passes_manual_options": manual_options,
                              "fsdp_passes_reports": pass_reports,
                              "inductor_builtin_passes": INDUCTOR_BUILTIN_PASSES}
     return {
         "rank": rank, "times": times, "losses": losses, "machine": _machine(), "extra": extra,
+        "profiled": profiled, "balance_probe": balance_probe,
         "model": {"kind": "MLP (fsdp_passes.testing.build_mlp), fp32", "reshard_after_forward": args.reshard,
                   "layers": args.layers, "dim": args.dim, "hidden": args.hidden, "batch": args.batch,
                   "param_bytes": param_bytes, "loss": "mean(model(x)**2), forward + backward, no optimizer"},
     }
+
+
+FORWARD_RANGE = "emulated_cluster::forward"
+BACKWARD_RANGE = "emulated_cluster::backward"
+WAIT_OPS = ("_c10d_functional::wait_tensor",)  # compiled configurations: where the thread blocks on a collective
+
+
+def _state_bytes(model: Any) -> int:
+    """Bytes of the storages holding the model's parameters on this rank (the local shard of a sharded one,
+    padding included), each storage once."""
+    seen: dict[int, int] = {}
+    for p in model.parameters():
+        t = p._local_tensor if hasattr(p, "_local_tensor") else p  # DTensor parameters: this rank's shard
+        st = t.untyped_storage()
+        seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _profile_memory(step: Callable[[], Any], model: Any) -> dict:
+    """One step under ``torch.profiler`` with ``profile_memory``: the peak of the running sum of the tensor
+    allocations and frees the step makes (``[memory]`` events of the CPU allocator, every thread the profiler
+    sees), above what was allocated when it started.  Frees of tensors allocated before the window (last
+    step's gradients, dropped at the start of this one) are not reported by the allocator, so the window
+    starts without them.  Memory that gloo allocates outside torch's allocator is not seen."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and str(e.device_type()).endswith("CPU"))
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    state = _state_bytes(model)
+    return {"transient_peak_bytes": peak, "state_bytes": state, "step_peak_bytes": state + peak,
+            "memory_events": len(events)}
+
+
+def _profile_waits(step: Callable[[], Any]) -> dict:
+    """One step under ``torch.profiler``: backward's wall time and the time the rank's thread spent in
+    collective waits inside forward and backward (exposed communication: transfers not hidden by compute)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    events = prof.profiler.kineto_results.events()
+    ranges = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in (FORWARD_RANGE, BACKWARD_RANGE)}
+    waits = {FORWARD_RANGE: 0.0, BACKWARD_RANGE: 0.0}
+    wait_names: dict[str, int] = {}
+    for e in events:
+        if "wait" in e.name().lower():
+            wait_names[e.name()] = wait_names.get(e.name(), 0) + 1
+        if e.name() not in WAIT_OPS:
+            continue
+        for label, (start, end) in ranges.items():
+            if start <= e.start_ns() <= end:
+                waits[label] += (e.end_ns() - e.start_ns()) / 1e9
+    bstart, bend = ranges[BACKWARD_RANGE]
+    # None where the step has no functional waits (FSDP2 eager waits inside its hooks; compute_only never waits)
+    seen = any(n in wait_names for n in WAIT_OPS)
+    return {"backward_s": (bend - bstart) / 1e9, "backward_wait_s": waits[BACKWARD_RANGE] if seen else None,
+            "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names}
+
+
+def _median_waits(samples: list[dict]) -> dict:
+    """The median over profiled steps of backward time and waits (None stays None), with every sample."""
+    out: dict[str, Any] = {"wait_events": samples[0]["wait_events"], "samples": samples}
+    for key in ("backward_s", "backward_wait_s", "forward_wait_s"):
+        values = [s[key] for s in samples]
+        out[key] = None if None in values else statistics.median(values)
+    return out
+
+
+def _simulated_backward_exposed(reports: dict[str, list[Any]]) -> dict[str, float]:
+    """The scheduler pass's simulated exposed communication of each configuration's backward graph (ms)."""
+    out = {}
+    for name, rs in reports.items():
+        for r in rs:
+            if r.pass_name == "scheduler" and "bwd" in r.graph:
+                out[name] = r.exposed_comm_ms_after
+    return out
+
+
+def choose_balanced_batch(probe_batch: int, compute_s: float, comm_s: float, multiple: int = 64) -> int:
+    """The batch at which a step's compute (proportional to the batch) takes ``comm_s``, given that it took
+    ``compute_s`` at ``probe_batch``; rounded to a multiple of ``multiple``, at least ``multiple``."""
+    if compute_s <= 0 or comm_s <= 0:
+        raise ValueError(f"choose_balanced_batch: times must be positive (compute {compute_s}, comm {comm_s})")
+    return max(multiple, round(probe_batch * comm_s / compute_s / multiple) * multiple)
+
+
+def _probe_balanced_batch(full_model: Any, dim: int, world: int, reshard: bool) -> dict:
+    """Times one step's compute (the unsharded model, eager, at ``PROBE_BATCH`` rows) and one step's
+    collectives on the link (``_comm_only_step``) on both ranks at once, as the benchmark runs them; the
+    slower rank's medians decide (the same batch on both ranks)."""
+    import torch
+    import torch.distributed as dist
+
+    xp = torch.randn(PROBE_BATCH, dim)
+
+    def compute_step() -> None:
+        for p in full_model.parameters():
+            p.grad = None
+        full_model(xp).square().mean().backward()
+
+    def timed(fn: Callable[[], Any], n: int) -> list[float]:
+        fn()  # warm-up
+        out = []
+        for _ in range(n):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    compute_times = timed(compute_step, 3)
+    comm_times = timed(_comm_only_step(full_model, world, reshard), 3)
+    slowest = torch.tensor([statistics.median(compute_times), statistics.median(comm_times)], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    compute_s, comm_s = slowest.tolist()
+    return {"probe_batch": PROBE_BATCH, "compute_s": compute_s, "comm_s": comm_s,
+            "batch": choose_balanced_batch(PROBE_BATCH, compute_s, comm_s),
+            "compute_times_s": compute_times, "comm_times_s": comm_times,
+            "how": "median of 3 steps after a warm-up, slower rank; compute: unsharded model, eager"}
 
 
 def _comm_only_step(full_model: Any, world: int, reshard: bool) -> Callable[[], None]:

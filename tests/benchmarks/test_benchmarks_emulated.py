@@ -59,6 +59,15 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
     # the passes really ran inside the compiled configuration (a fallback would have failed the run)
     assert any("[scheduler]" in line for line in data["extra"]["fsdp_passes_reports"]["fsdp_passes"])
     assert "fsdp_passes" in proc.stdout and "losses equal across configurations: True" in proc.stdout
+    # the untimed profiled steps: tensor memory above the sharded parameters, backward waits of the compiled step
+    for name, cfg in data["configs"].items():
+        prof = cfg["profiled_step"]
+        assert prof["step_peak_bytes"] == prof["state_bytes"] + prof["transient_peak_bytes"], name
+        assert 0 < prof["state_bytes"] < data["model"]["param_bytes"] and prof["transient_peak_bytes"] > 0, name
+        assert prof["backward_s"] > 0, name
+    assert data["configs"]["fsdp_passes"]["profiled_step"]["backward_wait_s"] >= 0
+    assert data["configs"]["fsdp2_eager"]["profiled_step"]["backward_wait_s"] is None
+    assert set(data["peak_memory_vs_fsdp2_eager"]) == {"fsdp_passes"}
     assert _namespaces(prefix) == []
     print(f"smoke run took {elapsed:.1f} s")
 
@@ -86,6 +95,25 @@ def test_namespaces_removed_when_terminated(tmp_path):
     veths = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert f"fb{proc.pid}a" not in veths and f"fb{proc.pid}b" not in veths
     assert not (tmp_path / "x.json").exists()
+
+
+def _load_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("emulated_cluster_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # top level imports the standard library only
+    return module
+
+
+def test_balanced_batch_scales_the_probe_to_equal_times():
+    choose = _load_script().choose_balanced_batch
+    assert choose(1024, 0.5, 1.5) == 3072  # compute grows with the batch: 3x the probe's rows
+    assert choose(1024, 0.4, 1.5) == 3840  # 3.75x, a multiple of 64
+    assert choose(1024, 1.0, 0.01) == 64  # never below one multiple
+    assert choose(1000, 1.0, 1.0, multiple=10) == 1000
+    with pytest.raises(ValueError):
+        choose(1024, 0.0, 1.0)
 
 
 def test_refuses_in_one_line_without_tools(tmp_path):
