@@ -82,8 +82,8 @@ class _Unit:
     writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
     out_bytes: int = 0
     graph_output: bool = False
-    # a copying reshape returned through views: Inductor writes the returned value into a buffer of its own,
-    # besides the copy its readers get
+    # a copying reshape returned through views: when an ``addmm`` reads it too, Inductor copies it once for
+    # the addmm (in the addmm's lowering) and once for the returned value (seen on CPU; ``mm`` shares one)
     output_copy: bool = False
 
 
@@ -387,6 +387,10 @@ def predict_kernels(dag: Dag) -> Dag:
     return _contract(dag, units, succs, groups, group_members)
 
 
+def _reads_as_addmm(unit: _Unit, nodes: list[DagNode]) -> bool:
+    return unit.kind is _EXTERN and bool(unit.members) and _base_op(nodes[unit.members[0]])[1] == "addmm"
+
+
 def _mark_graph_outputs(dag: Dag, units: list[_Unit], unit_of: list[int | None], owner_node: list[int | None],
                         is_view: list[bool]) -> None:
     """Flag the units whose buffers the graph returns.  A returned view lives in the buffer the view resolves to
@@ -502,8 +506,8 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             if u.members and outside:
                 out_bytes += u.out_bytes
                 graph_output_bytes += u.out_bytes if u.graph_output else 0
-                if u.output_copy and succs[v]:
-                    out_bytes += u.out_bytes  # the readers' copy and the returned one
+                if u.output_copy and any(_reads_as_addmm(units[w], nodes) for w in succs[v]):
+                    out_bytes += u.out_bytes  # addmm's copy of its input and the returned one
         is_output = any(units[v].members and units[v].graph_output for v in members)
         if fx_members:
             src = nodes[fx_members[0]]
