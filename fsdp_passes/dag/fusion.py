@@ -24,7 +24,11 @@ DAG of the same graph gets after Inductor's fusion:
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
 outputs read outside it or returned by the graph; only those outputs are allocated, as at the scheduler
-level, where buffers exist only at fused-kernel boundaries.  Collectives, waits and extern kernels keep
+level, where buffers exist only at fused-kernel boundaries.  A returned view is returned from the buffer it
+resolves to here (a copying reshape's, not the gathered bucket's); a copying reshape that an ``addmm`` reads
+and the graph returns through views is written twice, once for each (as Inductor does on CPU).  Each kernel
+records the graph inputs it reads and which part of its outputs the graph returns, for
+``memory_reorder.predict_memory_reorder``.  Collectives, waits and extern kernels keep
 their fields; nodes are numbered in a topological order that keeps the graph's order where it can (a
 kernel at its first member's place).  The result prices and simulates like any DAG; its nodes' ``origin``
 is the FX node of the kernel's first member, so it is for estimates, not for rewriting the graph.
