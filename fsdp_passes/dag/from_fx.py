@@ -250,6 +250,12 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         for arg in inputs:
             if arg in index:
                 edges.append((index[arg], i))
+            buf = root.get(arg, arg)
+            if buf.op == "placeholder":  # a graph input, read directly or through views
+                try:
+                    node.input_reads[buf.name] = tensor_bytes(buf.meta.get("val"))
+                except ValueError:  # an unbacked input size: its memory is unknown
+                    node.input_reads[buf.name] = 0
         # buffer identity: views and waits live in their input's buffer
         if node.alias_of is not None or (_is_view(fx_node) and inputs):
             root[fx_node] = root.get(inputs[0], inputs[0])
@@ -275,6 +281,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     for fx_node, i in index.items():
         if root.get(fx_node, fx_node) in output_roots and nodes[i].alias_of is None:
             nodes[i].is_output = True
+            nodes[i].graph_output_bytes = nodes[i].out_bytes
     dag = Dag(nodes, edges, resident)
     mark_fsdp(dag, [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes],
               sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes])

@@ -24,7 +24,11 @@ DAG of the same graph gets after Inductor's fusion:
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
 outputs read outside it or returned by the graph; only those outputs are allocated, as at the scheduler
-level, where buffers exist only at fused-kernel boundaries.  Collectives, waits and extern kernels keep
+level, where buffers exist only at fused-kernel boundaries.  A returned view is returned from the buffer it
+resolves to here (a copying reshape's, not the gathered bucket's); a copying reshape that an ``addmm`` reads
+and the graph returns through views is written twice, once for each (as Inductor does on CPU).  Each kernel
+records the graph inputs it reads and which part of its outputs the graph returns, for
+``memory_reorder.predict_memory_reorder``.  Collectives, waits and extern kernels keep
 their fields; nodes are numbered in a topological order that keeps the graph's order where it can (a
 kernel at its first member's place).  The result prices and simulates like any DAG; its nodes' ``origin``
 is the FX node of the kernel's first member, so it is for estimates, not for rewriting the graph.
@@ -82,6 +86,9 @@ class _Unit:
     writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
     out_bytes: int = 0
     graph_output: bool = False
+    # a copying reshape returned through views: when an ``addmm`` reads it too, Inductor copies it once for
+    # the addmm (in the addmm's lowering) and once for the returned value (seen on CPU; ``mm`` shares one)
+    output_copy: bool = False
 
 
 def _base_op(node: DagNode) -> tuple[str, str]:
@@ -310,9 +317,7 @@ def predict_kernels(dag: Dag) -> Dag:
         for a, b in zip(seq, seq[1:]):
             if unit_of[a] is not None and unit_of[b] is not None:
                 units[unit_of[b]].after.append(unit_of[a])
-    for i, node in enumerate(nodes):
-        if node.is_output and unit_of[i] is not None:
-            units[unit_of[i]].graph_output = True
+    _mark_graph_outputs(dag, units, unit_of, owner_node, is_view)
 
     m = len(units)
     succs: list[list[int]] = [[] for _ in range(m)]
@@ -386,6 +391,36 @@ def predict_kernels(dag: Dag) -> Dag:
     return _contract(dag, units, succs, groups, group_members)
 
 
+def _reads_as_addmm(unit: _Unit, nodes: list[DagNode]) -> bool:
+    return unit.kind is _EXTERN and bool(unit.members) and _base_op(nodes[unit.members[0]])[1] == "addmm"
+
+
+def _mark_graph_outputs(dag: Dag, units: list[_Unit], unit_of: list[int | None], owner_node: list[int | None],
+                        is_view: list[bool]) -> None:
+    """Flag the units whose buffers the graph returns.  A returned view lives in the buffer the view resolves to
+    here (a copying reshape owns its buffer), not in the one ``dag_from_fx`` marks (it counts every reshape
+    as a view)."""
+    import torch.fx as fx
+
+    nodes = dag.nodes
+    graph = next((n.origin.graph for n in nodes if isinstance(n.origin, fx.Node)), None)
+    for i, node in enumerate(nodes):  # nodes without an FX origin: as they are marked
+        if node.is_output and unit_of[i] is not None and not isinstance(node.origin, fx.Node):
+            units[unit_of[i]].graph_output = True
+    if graph is None:
+        return
+    for out in graph.find_nodes(op="output"):
+        for value in out.all_input_nodes:
+            j = dag.index.get(value.name)
+            if j is None or owner_node[j] is None or unit_of[owner_node[j]] is None:
+                continue  # a graph input (or a view of one)
+            o = owner_node[j]
+            unit = units[unit_of[o]]
+            unit.graph_output = True
+            if j != o and nodes[o].alias_of is not None and unit.kind is _FUSABLE:
+                unit.output_copy = True
+
+
 def _ordered_by(preds: dict[int, set[int]], priority: dict[int, int]) -> list[int]:
     """Kahn's topological order of the keys of ``preds`` (id -> ids it comes after), the lowest ``priority``
     first among the ready ones; shorter than ``preds`` when there is a cycle."""
@@ -418,6 +453,7 @@ def _topological(units: list[_Unit]) -> list[int]:
 def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
               group_members: dict[int, list[int]]) -> Dag:
     nodes = dag.nodes
+    graph_inputs = {name: nbytes for node in nodes for name, nbytes in node.input_reads.items()}
     roots = sorted(group_members, key=lambda r: min(units[v].pos for v in group_members[r]))
     kernel_preds: dict[int, set[int]] = {}
     kernel_after: dict[int, set[int]] = {}
@@ -438,6 +474,9 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         if head.kind in (_COMM, _EXTERN) and len(members) == 1:
             src = nodes[head.members[0]]
             node = DagNode(**{k: getattr(src, k) for k in src.__dataclass_fields__})
+            node.input_reads = dict(src.input_reads)
+            node.is_output = head.graph_output
+            node.graph_output_bytes = node.out_bytes if head.graph_output else 0
             node.alias_of = None
             node.collective_of = None
             out_nodes.append(node)
@@ -451,23 +490,29 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         fx_members = [i for v in members for i in units[v].members]
         read: dict[Any, int] = {}
         cap: dict[Any, int] = {}
+        input_reads: dict[str, int] = {}
         for v in members:
             for src_unit, key, nbytes, whole in units[v].reads:
                 if src_unit is not None and groups.find(src_unit) == r:
                     continue  # produced inside the kernel
                 read[key] = read.get(key, 0) + nbytes
                 cap[key] = whole
+                if src_unit is None and key in graph_inputs:
+                    input_reads[key] = graph_inputs[key]
         in_bytes = sum(min(b, cap[k]) for k, b in read.items())
         out_bytes = 0
         written = 0
-        is_output = False
+        graph_output_bytes = 0
         for v in members:
             u = units[v]
             written += u.writes_into
             outside = any(groups.find(s) != r for s in succs[v]) or u.graph_output
             if u.members and outside:
                 out_bytes += u.out_bytes
-                is_output = is_output or u.graph_output
+                graph_output_bytes += u.out_bytes if u.graph_output else 0
+                if u.output_copy and any(_reads_as_addmm(units[w], nodes) for w in succs[v]):
+                    out_bytes += u.out_bytes  # addmm's copy of its input and the returned one
+        is_output = any(units[v].members and units[v].graph_output for v in members)
         if fx_members:
             src = nodes[fx_members[0]]
             name, fqn, origin = src.name, src.module_fqn, src.origin
@@ -484,9 +529,11 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         label = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
         out_nodes.append(DagNode(
             name=name, kind=NodeKind.COMPUTE, op=f"kernel[{label or 'copy'}]",
-            in_bytes=in_bytes + written, out_bytes=out_bytes,
+            in_bytes=in_bytes + written, out_bytes=out_bytes, non_owning_bytes=written,
+            graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
+            input_reads=input_reads,
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}

@@ -62,6 +62,16 @@ class DagNode:
     # False for a node that runs no kernel although it owns a buffer: Inductor's NopKernel for a concatenation
     # whose inputs were written into it in place, the MultiOutput unpacking of a fallback kernel's results
     launches_kernel: bool = True
+    # graph inputs (placeholders: parameter shards, saved activations, tangents) the node reads, name -> bytes:
+    # they are not nodes, and Inductor's memory reordering counts the ones it may free
+    input_reads: dict[str, int] = field(default_factory=dict)
+    # bytes of outputs laid out inside another node's buffer (a concatenation's input written into its slice
+    # of the result): they allocate nothing (not in ``out_bytes``), but Inductor's memory planning counts them
+    non_owning_bytes: int = 0
+    # with ``is_output``: the bytes of its outputs that are graph outputs, when a kernel writes both graph
+    # outputs and buffers the graph frees (0: all of ``out_bytes``).  Inductor frees the rest after the
+    # last reader; the simulator keeps the whole buffer
+    graph_output_bytes: int = 0
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
 

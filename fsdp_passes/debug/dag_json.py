@@ -9,7 +9,9 @@ Format (``"format": "fsdp_passes.dag"``, ``"version": 1``)::
                  "all_gather" | ..., "group_name": ..., "group_size": ..., "group_ranks": [..] | null,
                  "reduce_op": ..., "comm_bytes": ..., "in_bytes": ..., "out_bytes": ..., "dtype": ...,
                  "flops": ..., "alias_of": ..., "collective_of": ..., "is_output": ..., "fsdp": ...,
-                 "module_fqn": ..., "param_fqn": ...}, ...],        # every DagNode field except origin
+                 "module_fqn": ..., "param_fqn": ..., "kernel_key": ..., "launches_kernel": ...,
+                 "input_reads": {name: bytes}, "non_owning_bytes": ..., "graph_output_bytes": ...},
+                ...],                                               # every DagNode field except origin
       "edges": [[src, dst], ...],                                   # node ids, Dag.edges() order
       "orders": {"before": [...], "after": [...]},                  # node ids, as run on the compute stream
       "durations_ms": [...],                                        # estimated ms per node id

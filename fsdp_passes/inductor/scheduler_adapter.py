@@ -170,6 +170,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     nodes: list[DagNode] = []
     edges: list[tuple[int, int]] = []
     outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
+    graph_inputs = _graph_input_names()
     for i, snode in enumerate(snodes):
         ir_node = getattr(snode, "node", None)
         name = _op_name(snode)
@@ -185,11 +186,14 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         out_bytes = sum(_allocated_bytes(b.node) for b in buffers)
         node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
                        dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode,
-                       launches_kernel=_launches_kernel(snode))
+                       launches_kernel=_launches_kernel(snode),
+                       non_owning_bytes=sum(_layout_bytes(b.node) for b in buffers) - out_bytes)
         deps = set()
         for dep in snode.read_writes.reads:
             if getattr(dep, "is_fake", False):
                 continue  # Inductor's collective chain: replaced by the per-group order constraint
+            if dep.name in graph_inputs:
+                node.input_reads[dep.name] = _dep_bytes(dep)
             src = producer.get(dep.name)
             if src is not None and src != i:
                 deps.add(src)
@@ -227,8 +231,10 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
         # an in-place collective (all_reduce_) or a wait writes a buffer it does not own: a graph output too
-        if any(b.get_name() in outputs or any(m in outputs for m in b.get_mutations()) for b in buffers):
+        returned = [b for b in buffers if b.get_name() in outputs or any(m in outputs for m in b.get_mutations())]
+        if returned:
             node.is_output = True
+            node.graph_output_bytes = sum(_allocated_bytes(b.node) for b in returned)
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
@@ -263,6 +269,25 @@ def _graph_input_bytes() -> int:
         return sum(_layout_bytes(getattr(t, "data", t)) if not hasattr(t, "layout") else _layout_bytes(t)
                    for t in V.graph.graph_inputs.values())
     except Exception:  # outside a graph lowering: no inputs known
+        return 0
+
+
+def _graph_input_names() -> set[str]:
+    try:
+        from torch._inductor.virtualized import V
+
+        return set(V.graph.graph_inputs)
+    except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
+        return set()
+
+
+def _dep_bytes(dep: Any) -> int:
+    """Bytes a dependency reads of its buffer, as Inductor's memory planning sizes it."""
+    try:
+        from torch._inductor.virtualized import V
+
+        return int(V.graph.get_dep_size_hint(dep))
+    except Exception:  # an unhinted size: the input's memory is unknown
         return 0
 
 

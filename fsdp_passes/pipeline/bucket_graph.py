@@ -248,12 +248,14 @@ def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options,
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         from ..dag.fusion import predict_kernels
+        from ..dag.memory_reorder import predict_memory_reorder
 
-        # timed and sized as the kernels Inductor generates from the graph, as the scheduler pass sees them
+        # timed and sized as the kernels Inductor generates from the graph, in the order its peak-memory
+        # reordering gives them: as the scheduler pass sees them
         before, after = predict_kernels(before), predict_kernels(after)
         fill_schedule_numbers(
             report,
-            (before, list(range(len(before))), cost_model.estimate(before)),
-            (after, list(range(len(after))), cost_model.estimate(after)),
+            (before, predict_memory_reorder(before), cost_model.estimate(before)),
+            (after, predict_memory_reorder(after), cost_model.estimate(after)),
         )
     return report
