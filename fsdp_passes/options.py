@@ -51,7 +51,9 @@ class Options:
     memory_budget: extra peak memory the passes may add, per graph, over the peak of Inductor's own order of
         the graph without them: bytes (int), a size string with its unit ("512MB", "2GiB", "4096B"; a bare
         "5" is ambiguous and rejected) or a percentage ("5%") of the graph's FSDP payload (gathered
-        parameters + gradients to reduce: the same on every rank).
+        parameters + gradients to reduce: the same on every rank), or a number of blocks ("2 blocks", the
+        default): what one bucket per module block (``layers.<i>``, ...) claims, times the number: one block
+        for bucketing and one for the reordering's prefetch, like FSDP2's one-module-ahead prefetch.
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
@@ -64,7 +66,7 @@ class Options:
     reorder: bool = True
     cluster: Union[str, Mapping[str, Any]] = "h100-nvlink"
     calibration: str | None = None
-    memory_budget: Union[int, str] = "5%"
+    memory_budget: Union[int, str] = "2 blocks"
     max_prefetch: int | None = None
     debug_dir: str | None = None
     strict: bool = False
@@ -85,10 +87,11 @@ class Options:
             out[f.name] = value
         return out
 
-    def memory_budget_bytes(self, reference_bytes: int) -> int:
-        """The budget in bytes; a percentage is of ``reference_bytes`` (the passes use the graph's FSDP
-        payload, ``bucketing.plan.fsdp_payload_bytes``: rank-invariant, unlike any activation-sized peak)."""
-        return parse_memory_budget(self.memory_budget, reference_bytes)
+    def memory_budget_bytes(self, payload_bytes: int, block_bytes: int) -> int:
+        """The budget in bytes; a percentage is of ``payload_bytes``, a number of blocks of ``block_bytes``
+        (the passes use the graph's FSDP payload and the memory claim of one bucket per block,
+        ``pipeline.budget``: both rank-invariant, unlike any activation-sized peak)."""
+        return parse_memory_budget(self.memory_budget, payload_bytes, block_bytes)
 
     @classmethod
     def from_env(cls, base: "Options | None" = None, environ: Mapping[str, str] | None = None) -> "Options":
@@ -120,6 +123,7 @@ class Options:
 
 
 _NUMBER_RE = re.compile(r"^[0-9]*\.?[0-9]+$")  # finite, non-negative: no 'nan', 'inf' or signs
+_BLOCKS_RE = re.compile(r"^([0-9]*\.?[0-9]+)\s*blocks?$", re.IGNORECASE)
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?i?b?)\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
     "": 1, "b": 1,
@@ -130,11 +134,12 @@ _SIZE_UNITS = {
 }
 
 
-_BUDGET_FORMS = ("bytes as an int (536870912), a size string with a unit ('512MB', '2GiB', '4096B') or a "
-                 "percentage ('5%')")
+_BUDGET_FORMS = ("bytes as an int (536870912), a size string with a unit ('512MB', '2GiB', '4096B'), a "
+                 "percentage of the FSDP payload ('5%') or a number of blocks ('2 blocks', '1 block')")
 
 
-def parse_memory_budget(value: Union[int, str], reference_bytes: int) -> int:
+def parse_memory_budget(value: Union[int, str], payload_bytes: int, block_bytes: int) -> int:
+    """``value`` in bytes: a percentage is of ``payload_bytes``, a number of blocks of ``block_bytes``."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         _fail("memory_budget", value, _BUDGET_FORMS)
     if isinstance(value, int):
@@ -144,7 +149,10 @@ def parse_memory_budget(value: Union[int, str], reference_bytes: int) -> int:
         number = text[:-1].strip()
         if not _NUMBER_RE.match(number):
             _fail("memory_budget", value, _BUDGET_FORMS)
-        return int(float(number) / 100.0 * reference_bytes)
+        return int(float(number) / 100.0 * payload_bytes)
+    blocks = _BLOCKS_RE.match(text)
+    if blocks:
+        return int(float(blocks.group(1)) * block_bytes)
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _SIZE_UNITS:
         _fail("memory_budget", value, _BUDGET_FORMS)
@@ -207,7 +215,7 @@ def _validate(o: Options) -> None:
         except ValueError as exc:
             _fail("calibration", o.calibration,
                   f"a calibration file as 'python -m fsdp_passes calibrate' writes it ({exc})")
-    budget = parse_memory_budget(o.memory_budget, 1 << 30)
+    budget = parse_memory_budget(o.memory_budget, 1 << 30, 1 << 30)
     if budget < 0:
         _fail("memory_budget", o.memory_budget, "a budget >= 0")
     if o.max_prefetch is not None and (

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..dag.graph import CollectiveOp, Dag
-from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, extra_bytes_bound, make_bucket
+from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, extra_bytes_bound,
+                   make_bucket)
 
 
 class CollectiveCost(Protocol):
@@ -34,17 +35,18 @@ def plan_auto(
     cost_model: CollectiveCost,
     *,
     bucket_cap_mb: float | None = None,
-    memory_budget_bytes: int | None = None,
+    memory_budget_bytes: BucketLimit = None,
     bucket_non_fsdp: bool = False,
 ) -> BucketPlanResult:
     """Greedy buckets per (op, group, reduce op, dtype) sequence; see the module docstring.
 
     bucket_cap_mb: largest merged payload, MiB (None: no cap).
-    memory_budget_bytes: largest ``extra_bytes_bound`` of one bucket (None: no limit).
+    memory_budget_bytes: largest ``extra_bytes_bound`` of one bucket, or a function of the bucket's op giving
+        it (None: no limit).
     """
     if bucket_cap_mb is not None and bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: expected a positive number of MiB or None")
-    if memory_budget_bytes is not None and memory_budget_bytes < 0:
+    if isinstance(memory_budget_bytes, int) and memory_budget_bytes < 0:
         raise ValueError(f"memory_budget={memory_budget_bytes!r} bytes: expected >= 0")
     cap_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)
 
@@ -60,7 +62,8 @@ def plan_auto(
 
     buckets: list[Bucket] = []
     for key, seq in sequences.items():
-        buckets.extend(_plan_sequence(dag, seq, cost_model, cap_bytes, memory_budget_bytes, key))
+        buckets.extend(_plan_sequence(dag, seq, cost_model, cap_bytes,
+                                      bucket_limit(memory_budget_bytes, dag.nodes[seq[0]].collective), key))
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
 

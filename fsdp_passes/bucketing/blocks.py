@@ -9,7 +9,8 @@ from typing import Mapping
 
 from ..dag.graph import Dag
 from .manual import collective_fqn
-from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, cut_to_bound, make_bucket, split_dependent
+from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, cut_to_bound,
+                   make_bucket, split_dependent)
 
 __all__ = ["block_keys", "plan_per_block", "plan_unmerged"]
 
@@ -47,7 +48,7 @@ def block_keys(fqns: Mapping[int, str | None]) -> dict[int, str | None]:
 
 
 def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
-                   cap_bytes: int | None = None, memory_budget_bytes: int | None = None) -> BucketPlanResult:
+                   cap_bytes: int | None = None, memory_budget_bytes: BucketLimit = None) -> BucketPlanResult:
     """One bucket per module block (see ``block_keys``) per (op, group, reduce op, dtype, group size).
 
     Members that depend on each other are split into runs (``close_reason="dependency"``).  A run is cut
@@ -77,7 +78,8 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
         label = f"block:{block}"
         runs = split_dependent(dag, members)
         for r_idx, run in enumerate(runs):
-            for piece, why in cut_to_bound(dag, run, memory_budget_bytes, cap_bytes):
+            for piece, why in cut_to_bound(dag, run, bucket_limit(memory_budget_bytes, dag.nodes[run[0]].collective),
+                                           cap_bytes):
                 if why is None:
                     why = "dependency" if r_idx < len(runs) - 1 else "plan"
                 buckets.append(make_bucket(dag, piece, close_reason=why, label=label))

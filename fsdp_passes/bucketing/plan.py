@@ -9,7 +9,7 @@ another (``split_dependent``) and the whole-plan cycle check (``plan_cycles``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
 
@@ -298,6 +298,15 @@ def kept_bytes_bound(dag: Dag, members: Sequence[int]) -> int:
     if len(members) < 2 or dag.nodes[members[0]].collective is not CollectiveOp.ALL_GATHER:
         return 0
     return sum(dag.nodes[m].comm_bytes for m in members if dag.nodes[m].is_output)
+
+
+BucketLimit = Union[int, Callable[[Optional[CollectiveOp]], int], None]
+
+
+def bucket_limit(limit: BucketLimit, op: CollectiveOp | None) -> int | None:
+    """The largest ``extra_bytes_bound`` a bucket of ``op`` may have under ``limit``: one number for every
+    kind, a function of the kind, or None (no limit)."""
+    return limit(op) if callable(limit) else limit
 
 
 def fsdp_payload_bytes(dag: Dag) -> int:

@@ -98,7 +98,7 @@ def what_if(
     """Re-estimate a ``DagDump`` (``read_dag_json``): the order before the pass, the dumped order after it
     and, when ``fsdp_passes.reordering.plan_order`` is available, a fresh plan for the new numbers."""
     from ..cost_model import CostModel
-    from ..options import parse_memory_budget
+    from ..options import Options
     from ..simulate import lower_bound, simulate
 
     dag = dump.dag
@@ -118,12 +118,13 @@ def what_if(
             planner = "planner not available (fsdp_passes.reordering.plan_order)"
         else:
             options = dump.meta.get("options") or {}
-            budget = memory_budget if memory_budget is not None else options.get("memory_budget", "5%")
+            budget = memory_budget if memory_budget is not None else options.get("memory_budget",
+                                                                                  Options().memory_budget)
             prefetch = max_prefetch if max_prefetch is not None else options.get("max_prefetch")
-            from ..bucketing.plan import fsdp_payload_bytes
+            from ..pipeline.budget import graph_memory_budget
 
             result = plan_order(dag, durations,
-                                memory_budget_bytes=parse_memory_budget(budget, fsdp_payload_bytes(dag)),
+                                memory_budget_bytes=graph_memory_budget(dag, Options(memory_budget=budget)).total,
                                 max_prefetch=prefetch)
             t_planned = simulate(dag, list(result.order), durations)
             planned, planned_exposed = t_planned.makespan, t_planned.exposed_total

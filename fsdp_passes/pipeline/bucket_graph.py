@@ -20,8 +20,8 @@ from ..bucketing.manual import describe_entries, fqns_seen_hint
 from ..bucketing.plan import Bucket
 from ..bucketing.placement import issue_gathers_before_reductions, renumbered
 from ..bucketing.rewrite import RewriteStats, apply_buckets
-from .choice import memory_claim
-from .plans import graph_memory_budget, plan_bucketing
+from .budget import graph_memory_budget, memory_claim
+from .plans import plan_bucketing
 
 if TYPE_CHECKING:
     from ..cost_model import CostModel
@@ -51,7 +51,7 @@ class BucketingResult:
     rewrite: RewriteStats | None = None
     choice: AutoChoice | None = None  # bucketing="auto": the candidates and their scores
     memory_budget_bytes: int = 0  # memory_budget in bytes for this graph
-    memory_budget_used_bytes: int = 0  # the plan's claim on it (choice.memory_claim), placement included
+    memory_budget_used_bytes: int = 0  # the plan's claim on it (budget.memory_claim), placement included
     report: GraphReport | None = None  # this graph's report (pass_name "fx")
     #: collective name -> {"param": parameter FQN or None, "module": module FQN or None} (bucketable ones)
     attribution: dict[str, dict[str, str | None]] = field(default_factory=dict)
@@ -118,7 +118,7 @@ def bucket_graph(
     param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
     graph_name: names the graph in ``result.report``.
 
-    Memory: the plan's rank-invariant claim (``choice.memory_claim``) stays within ``memory_budget``; the
+    Memory: the plan's rank-invariant claim (``budget.memory_claim``) stays within ``memory_budget``; the
     claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
 
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
@@ -131,7 +131,7 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
-    budget = graph_memory_budget(dag, options)
+    budget = graph_memory_budget(dag, options, param_fqns=param_fqns)
     choice = None
     if options.bucketing == "auto":
         from .choice import choose_auto_plan
@@ -157,7 +157,7 @@ def bucket_graph(
         moved_bytes: list[int] = []
         before = dag_from_fx(g)
         stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
-            g, before, max_moved_bytes=budget - others, moved_bytes=moved_bytes)
+            g, before, max_moved_bytes=budget.total - others, moved_bytes=moved_bytes)
         if stats.gathers_ahead_of_reductions:
             after = renumbered(before, g) or dag_from_fx(g)
         used = memory_claim(plan.buckets, max(moved_bytes, default=0))
@@ -174,7 +174,7 @@ def bucket_graph(
         attribution=attribution,
         unattributed=unattributed,
         blocks=blocks,
-        memory_budget_bytes=budget,
+        memory_budget_bytes=budget.total,
         memory_budget_used_bytes=used,
     )
     result.report = _report(result, dag, g, options, cost_model, graph_name, after)

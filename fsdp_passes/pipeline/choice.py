@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..bucketing.blocks import plan_per_block, plan_unmerged
-from ..bucketing.plan import Bucket, BucketPlanResult, cut_to_bound, make_bucket
+from ..bucketing.plan import BucketPlanResult
 from ..dag.graph import CollectiveOp, Dag
+from .budget import MemoryBudget, fit_to_budget, memory_claim
 
 CANDIDATES = ("greedy", "per_block", "none", "greedy_half_cap")
 
@@ -55,62 +56,6 @@ _LARGE = 1 << 30
 
 def _signature(plan: BucketPlanResult) -> tuple:
     return tuple(sorted(tuple(b.members) for b in plan.buckets if len(b) > 1))
-
-
-# -- memory claim ----------------------------------------------------------------------------------------------
-
-def memory_claim(buckets: list[Bucket], moved_reduction_bytes: int = 0) -> int:
-    """The part of ``memory_budget`` a plan may use, from payloads only: every bucket's ``kept_bytes``, plus,
-    per collective kind (all-gather, reduce-scatter, all-reduce), the largest ``extra_bytes`` of its buckets;
-    the reduce-scatter part is at least the payload of the reductions moved behind a re-gather
-    (``moved_reduction_bytes``: their inputs stay alive while the gather's output exists).
-
-    Buckets of one kind run one after another (the next gather bucket is issued after the previous one's
-    members are in use), so only the largest of a kind counts; buckets of different kinds (a backward's
-    gathers and reduce-scatters, HSDP's all-reduces on the replicate group) can be in flight together, so the
-    kinds add; what is kept to the end adds up."""
-    kept = sum(b.kept_bytes for b in buckets)
-    per_kind: dict[CollectiveOp, int] = {CollectiveOp.REDUCE_SCATTER: moved_reduction_bytes}
-    for b in buckets:
-        per_kind[b.op] = max(per_kind.get(b.op, 0), b.extra_bytes)
-    return kept + sum(per_kind.values())
-
-
-def fit_to_budget(dag: Dag, plan: BucketPlanResult, budget: int) -> list[Bucket]:
-    """Split the buckets of ``plan`` (in place) until its ``memory_claim`` is within ``budget``: a bucket over
-    the per-bucket limit (``memory_limits``) into pieces within it, then, while the claim is still over,
-    the bucket keeping the most bytes to the end into single collectives.  Returns the buckets split (as
-    they were).  Rank-invariant: payloads and structure only."""
-    limit = memory_limits(dag, budget)
-    split: list[Bucket] = []
-    kept: list[Bucket] = []
-    for b in plan.buckets:
-        if b.extra_bytes <= limit:
-            kept.append(b)
-            continue
-        split.append(b)
-        kept.extend(make_bucket(dag, members, close_reason=why or "memory", label=b.label)
-                    for members, why in cut_to_bound(dag, b.members, limit))
-    while memory_claim(kept) > budget:
-        victim = max((b for b in kept if b.kept_bytes > 0), key=lambda b: (b.kept_bytes, -b.members[0]),
-                     default=None)
-        if victim is None:
-            break
-        kept.remove(victim)
-        split.append(victim)
-        kept.extend(make_bucket(dag, [m], close_reason="memory", label=victim.label) for m in victim.members)
-    if split:
-        kept.sort(key=lambda x: x.members[0])
-        plan.buckets = kept
-    return split
-
-
-def memory_limits(dag: Dag, budget: int) -> int:
-    """Largest ``extra_bytes_bound`` one bucket may have so that ``memory_claim`` stays within ``budget``: the
-    budget divided by the number of kinds of FSDP collectives in the graph (a forward's gathers: the whole
-    budget; a backward's re-gathers and reduce-scatters: half each)."""
-    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in (CollectiveOp.ALL_GATHER, *_REDUCTIONS)}
-    return budget // max(1, len(kinds))
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------
@@ -174,7 +119,7 @@ class AutoChoice:
         return out
 
 
-def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, budget: int,
+def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, budget: MemoryBudget,
                score: CandidateScore) -> CandidateScore:
     """Fill ``score`` with the balanced-overlap model's figures for ``plan`` (see the module docstring).
 
@@ -187,8 +132,8 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     # tensor-parallel all-reduce of activations is not, and is the same in every candidate anyway)
     units = [u for u in units if dag.nodes[u[0][0]].fsdp]
     score.extra_bytes = memory_claim(plan.buckets)
-    if score.extra_bytes > budget:
-        score.rejected = f"memory claim {score.extra_bytes} B > memory_budget {budget} B"
+    if score.extra_bytes > budget.total:
+        score.rejected = f"memory claim {score.extra_bytes} B > memory_budget {budget.total} B"
         return score
 
     def cost(op: CollectiveOp | None, nbytes: int, node: Any) -> float:
@@ -246,15 +191,15 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     return score
 
 
-def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: int, *,
+def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudget, *,
                      param_fqns: Mapping[str, str] | None = None) -> AutoChoice:
     """Build the candidates for ``dag``, score them, return the best (see the module docstring).
 
-    budget: ``memory_budget`` in bytes for this graph (``bucket_graph`` takes it of the FSDP payload)."""
+    budget: ``memory_budget`` for this graph (``budget.graph_memory_budget``)."""
     from ..bucketing.auto import plan_auto
     from ..bucketing.plan import break_cycles
 
-    limit = memory_limits(dag, budget)
+    limit = budget.limit
     cap_bytes = None if options.bucket_cap_mb is None else int(options.bucket_cap_mb * 2**20)
 
     def greedy(cap_mb: float | None) -> BucketPlanResult:
@@ -307,8 +252,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: int, *,
 
     valid = [s for s in scores if s.makespan_ms is not None and not (s.rejected or s.same_as or s.skipped)]
     best = min(valid, key=CandidateScore.key)  # "none" claims nothing: never rejected
-    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, budget_bytes=budget)
+    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, budget_bytes=budget.total)
 
 
-__all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "choose_auto_plan", "fit_to_budget", "memory_claim",
-           "memory_limits", "score_plan"]
+__all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "choose_auto_plan", "score_plan"]

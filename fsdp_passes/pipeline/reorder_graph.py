@@ -25,7 +25,7 @@ def plan_graph_order(dag: Dag, durations: list[float], options: Options, report:
     """The order to run ``dag`` in: ``plan_order`` within the memory budget the FX pass of the same graph
     (``fx_report``: its ``memory_budget_bytes`` less its ``memory_budget_used_bytes``) left, or the graph
     order without ``options.reorder``.  Notes what it did in ``report``; without an FX report the budget is
-    taken of the graph's FSDP payload (``fsdp_payload_bytes``), as the FX pass does."""
+    taken of this DAG as the FX pass does (``budget.graph_memory_budget``)."""
     identity = list(range(len(dag)))
     # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
     # bound from payloads) out of it; reordering gets the rest over the order Inductor built
@@ -33,9 +33,9 @@ def plan_graph_order(dag: Dag, durations: list[float], options: Options, report:
         total = int(fx_report.extra["memory_budget_bytes"])
         used = int(fx_report.extra["memory_budget_used_bytes"])
     else:
-        from ..bucketing.plan import fsdp_payload_bytes
+        from .budget import graph_memory_budget
 
-        total, used = options.memory_budget_bytes(fsdp_payload_bytes(dag)), 0
+        total, used = graph_memory_budget(dag, options).total, 0
     budget = max(0, total - used)
     report.extra["memory_budget_total_bytes"] = total
     report.extra["memory_budget_used_by_fx_pass"] = used

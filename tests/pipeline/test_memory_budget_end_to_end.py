@@ -142,7 +142,7 @@ def test_manual_plan_over_budget_is_split_with_a_warning(mlp_fx):
 
 def test_manual_plan_over_budget_raises_when_strict(mlp_fx):
     from fsdp_passes.pipeline import bucket_graph
-    from fsdp_passes.pipeline.plans import BucketOverBudget
+    from fsdp_passes.pipeline.budget import BucketOverBudget
 
     gm = copy.deepcopy(mlp_fx.backward)
     code = gm.code
