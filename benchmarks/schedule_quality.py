@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--cluster", default="h100-nvlink")
-    ap.add_argument("--memory-budget", default="5%")
+    ap.add_argument("--memory-budget", default=_default_memory_budget(), help="our passes' memory_budget "
+                    "(default: the package's)")
     ap.add_argument("--configs", default="abcdef", help="subset of a..f")
     ap.add_argument("--smoke", action="store_true", help="tiny dims, 1 layer, world 8")
     ap.add_argument("--out", type=Path, default=None)
@@ -408,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         C.write_json(out_path, doc)
     print(f"\nload average at end: {os.getloadavg()}\nwrote {out_path}")
     return 0
+
+
+def _default_memory_budget() -> str:
+    import dataclasses
+
+    from fsdp_passes.options import Options
+
+    return str(next(f.default for f in dataclasses.fields(Options) if f.name == "memory_budget"))
 
 
 def dataclasses_asdict(d: Any) -> dict[str, Any]:
