@@ -335,7 +335,7 @@ def table(results: dict[str, dict]) -> str:
                      f"{t['compute_ms']:.2f}",
                      f"{t['lower_bound_ms']:.2f}", f"{t['peak_memory_bytes'] / 2**20:.1f}",
                      str(t["n_collectives"]), f"{t['pass_s']:.2f}", f"{t['capture_wall_s']:.1f}",
-                     f"{t['compute_flops'] / 1e12:.4f}"])
+                     f"{t['compute_flops'] / 1e12:.4g}"])
     return C.fmt_table(["config", "exposed ms", "makespan ms", "compute ms", "lower bd ms", "peak MiB", "colls", "pass s",
                         "capture s", "TFLOP"], rows)
 
