@@ -111,6 +111,9 @@ class GraphScore:
     peak_memory_bytes: int
     sched_pass_s: float  # time spent inside reorder_for_compute_comm_overlap_passes
     to_scheduler_s: float = 0.0  # wall time from the start of this graph's inner compile to the scheduler
+    compute_flops: float = 0.0  # FLOPs of the compute nodes the adapter sees (the comparability check)
+    first_gather_ms: float = 0.0  # the graph's first all-gather in its order (nothing before it to hide it)
+    last_reduction_ms: float = 0.0  # its last reduce-scatter / all-reduce (nothing after it to hide it)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -148,13 +151,22 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
     from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
     from fsdp_passes.simulate import simulate
 
+    from fsdp_passes.dag.graph import CollectiveOp, NodeKind
+
     dag = dag_from_scheduler_nodes(nodes)  # inside the graph's lowering: graph outputs are known
     durations = cost_model.estimate(dag)
     tl = simulate(dag, list(range(len(dag))), durations)
+    gathers = [i for i, n in enumerate(dag.nodes)
+               if n.kind is NodeKind.COLLECTIVE and n.collective is CollectiveOp.ALL_GATHER]
+    reductions = [i for i, n in enumerate(dag.nodes) if n.kind is NodeKind.COLLECTIVE
+                  and n.collective in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)]
     return GraphScore(graph=name, n_nodes=len(dag), n_collectives=len(dag.collectives()),
                       exposed_comm_ms=tl.exposed_total, makespan_ms=tl.makespan, lower_bound_ms=tl.lower_bound,
                       compute_ms=tl.compute_busy, comm_ms=tl.comm_total, peak_memory_bytes=tl.peak_memory,
-                      sched_pass_s=sched_s, to_scheduler_s=to_sched_s)
+                      sched_pass_s=sched_s, to_scheduler_s=to_sched_s,
+                      compute_flops=float(sum(n.flops for n in dag.nodes if n.kind is NodeKind.COMPUTE)),
+                      first_gather_ms=float(durations[gathers[0]]) if gathers else 0.0,
+                      last_reduction_ms=float(durations[reductions[-1]]) if reductions else 0.0)
 
 
 def capture_to_scheduler(model: nn.Module, args: tuple, recorder: Recorder,

@@ -26,13 +26,14 @@ generation and C++ compilation (cold cache, fresh folder) is measured too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -203,9 +204,29 @@ class _StageRecorder(C.Recorder):
         return [outer[0], stage_timer, *outer[1:]]
 
 
+@contextlib.contextmanager
+def _cpu_timed(module: Any, name: str, spent: list[float]) -> Iterator[None]:
+    """Adds the CPU time of every call of ``module.name`` to ``spent`` while active."""
+    original = getattr(module, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent.append(time.process_time() - start)
+
+    setattr(module, name, timed)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
 def time_captured(layers: int, seq_len: int, world: int, full_compile: bool) -> dict[str, Any]:
     import fsdp_passes
     from fsdp_passes.cost_model import CostModel
+    from fsdp_passes.inductor import fx_pass, scheduler_pass
     from fsdp_passes.testing import fake_process_group
 
     d = C.LlamaDims(layers=layers, seq_len=seq_len, vocab=128256, **C.LLAMA3_8B)
@@ -216,14 +237,23 @@ def time_captured(layers: int, seq_len: int, world: int, full_compile: bool) -> 
                                       reduce_dtype=torch.float32)
         args = (C.tokens(d),)
         rec = _StageRecorder(cm)
+        cpu = time.process_time()
         base_wall = C.capture_to_scheduler(model, args, rec, sched_passes=[])
+        # CPU time of this process as well as wall time: on a loaded machine the wall times of two compiles
+        # differ by more than the passes cost
+        out["baseline_to_scheduler_cpu_s"] = time.process_time() - cpu
         out["baseline_to_scheduler_s"] = base_wall
         out["stages_on_scheduler_nodes"] = rec.stages
         rec2 = C.Recorder(cm)
-        with fsdp_passes.enabled(bucketing="auto", reorder=True, cluster="h100-nvlink", strict=True):
+        pass_cpu: list[float] = []
+        with fsdp_passes.enabled(bucketing="auto", reorder=True, cluster="h100-nvlink", strict=True), \
+                _cpu_timed(fx_pass, "run_fx_pass", pass_cpu), \
+                _cpu_timed(scheduler_pass, "reorder_scheduler_nodes", pass_cpu):
             fsdp_passes.last_reports(clear=True)
             ours_wall = C.capture_to_scheduler(model, args, rec2, sched_passes=None)
             reports = fsdp_passes.last_reports(clear=True)
+        out["ours_pass_total_cpu_s"] = sum(pass_cpu)
+        out["ratio_pass_to_inductor_to_scheduler_cpu"] = sum(pass_cpu) / out["baseline_to_scheduler_cpu_s"]
         out["ours_to_scheduler_s"] = ours_wall
         out["ours_pass_s"] = {f"{r.graph} [{r.pass_name}]": r.pass_time_s for r in reports}
         pass_total = sum(r.pass_time_s for r in reports)
@@ -299,7 +329,8 @@ def ours_wall_added(cap: dict) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000, 100000])
+    ap.add_argument("--sizes", type=int, nargs="*", default=[1000, 10000, 100000],
+                    help="synthetic DAG sizes (none: only the captured graph)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=8, help="layers of the captured Llama (0: skip)")
     ap.add_argument("--seq-len", type=int, default=8192)
@@ -313,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = a.out or (C.RESULTS_DIR / ("pass_scaling_smoke.json" if a.smoke else "pass_scaling.json"))
     doc: dict[str, Any] = {"benchmark": "pass_scaling", "machine": C.machine(), "load_avg_start": os.getloadavg(), "argv": sys.argv[1:],
                            "synthetic": [], "captured": None, "targets": []}
-    time_synthetic(200)  # warm imports
+    if a.sizes:
+        time_synthetic(200)  # warm imports
     rows = []
     for size in a.sizes:
         runs = [time_synthetic(size) for _ in range(a.repeats)]
@@ -351,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  Inductor to scheduler (both graphs, no comm passes): {cap['baseline_to_scheduler_s']:.2f} s; "
               f"with ours: {cap['ours_to_scheduler_s']:.2f} s; our passes: {cap['ours_pass_total_s']:.3f} s "
               f"({100 * cap['ratio_pass_to_inductor_to_scheduler']:.1f}%)")
+        print(f"  CPU time: Inductor to scheduler {cap['baseline_to_scheduler_cpu_s']:.2f} s; our passes "
+              f"{cap['ours_pass_total_cpu_s']:.3f} s ({100 * cap['ratio_pass_to_inductor_to_scheduler_cpu']:.1f}%)")
         for g, st in cap["stages_on_scheduler_nodes"].items():
             print(f"  {g}: {st['nodes']} scheduler nodes: build {st['build']:.3f} s, estimate {st['estimate']:.3f} s, "
                   f"reorder {st['reorder']:.3f} s")
@@ -358,16 +392,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{ours_wall_added(cap):.2f} s ({100 * cap['ratio_added_wall_to_scheduler']:.0f}%)")
         for k, v in cap["ours_pass_s"].items():
             print(f"  {k}: {v:.3f} s")
-        doc["targets"].append({"target": "our passes <= 5% of Inductor's compile time (to scheduler)",
-                               "met": cap["ratio_pass_to_inductor_to_scheduler"] <= 0.05,
+        doc["targets"].append({"target": "our passes <= 3% of Inductor's compile time (to scheduler)",
+                               "met": cap["ratio_pass_to_inductor_to_scheduler"] <= 0.03,
                                "value": cap["ratio_pass_to_inductor_to_scheduler"]})
+        doc["targets"].append({"target": "our passes <= 3% of Inductor's compile time (to scheduler), CPU time",
+                               "met": cap["ratio_pass_to_inductor_to_scheduler_cpu"] <= 0.03,
+                               "value": cap["ratio_pass_to_inductor_to_scheduler_cpu"]})
         if "full_compile" in cap:
             f = cap["full_compile"]
             print(f"  full compile, cold cache: Inductor {f['inductor']['wall_s']:.1f} s, with ours "
                   f"{f['inductor+ours']['wall_s']:.1f} s (passes {f['inductor+ours']['pass_s']:.2f} s, "
                   f"{100 * cap['ratio_pass_to_full_compile']:.1f}%)")
-            doc["targets"].append({"target": "our passes <= 5% of Inductor's full compile time",
-                                   "met": cap["ratio_pass_to_full_compile"] <= 0.05,
+            doc["targets"].append({"target": "our passes <= 3% of Inductor's full compile time",
+                                   "met": cap["ratio_pass_to_full_compile"] <= 0.03,
                                    "value": cap["ratio_pass_to_full_compile"]})
     for t in doc["targets"]:
         print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "

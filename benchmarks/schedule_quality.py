@@ -241,7 +241,11 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
         g["pass_s"] = g["fx_pass_s"] + g["sched_pass_s"]
     total = {k: sum(g[k] for g in graphs) for k in ("exposed_comm_ms", "makespan_ms", "lower_bound_ms",
                                                    "compute_ms", "comm_ms", "n_collectives", "n_nodes",
-                                                   "pass_s", "fx_pass_s", "sched_pass_s")}
+                                                   "pass_s", "fx_pass_s", "sched_pass_s", "compute_flops")}
+    # what no order can hide: the step's first gather (forward) and last reduction (backward)
+    by_graph = {g["graph"]: g for g in graphs}
+    total["unhideable_comm_ms"] = (by_graph.get("forward", {}).get("first_gather_ms", 0.0)
+                                   + by_graph.get("backward", {}).get("last_reduction_ms", 0.0))
     total["peak_memory_bytes"] = max((g["peak_memory_bytes"] for g in graphs), default=0)
     total["capture_wall_s"] = wall
     return {"config": key, "name": name, "note": note, "error": None, "graphs": graphs, "total": total}
@@ -266,32 +270,43 @@ def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
 # Targets and output
 # --------------------------------------------------------------------------------------------------
 
+PEERS = ("b", "c", "d")
+COMPARABLE_FLOPS = 0.02  # a configuration's compute FLOPs within 2 % of config a's: its times are comparable
+
+
+def comparable(result: dict[str, Any], base: dict[str, Any]) -> bool:
+    """Whether the adapter sees the same compute in ``result`` as in the unplanned graph ``base``: bucket
+    copies and casts add bytes but no FLOPs, so the FLOP totals must agree."""
+    fa = base["total"].get("compute_flops", 0.0)
+    return bool(fa) and abs(result["total"].get("compute_flops", 0.0) / fa - 1.0) <= COMPARABLE_FLOPS
+
+
 def targets(results: dict[str, dict]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     e, a = results.get("e"), results.get("a")
     if not e or e.get("error") or not a or a.get("error"):
         return [{"target": "ours-auto ran", "met": False, "detail": (e or {}).get("error") or (a or {}).get("error")}]
     te = e["total"]
-    # exposed-comm lower bound of each graph: lower bound - compute (no order hides more)
-    lb_exposed = sum(max(0.0, g["lower_bound_ms"] - g["compute_ms"]) for g in e["graphs"])
-    slack = 0.05 * te["makespan_ms"]
-    out.append({"target": "ours-auto exposed <= exposed lower bound + 5% of step",
-                "met": te["exposed_comm_ms"] <= lb_exposed + slack + 1e-9,
-                "value_ms": te["exposed_comm_ms"], "limit_ms": lb_exposed + slack,
-                "detail": f"lower bound {lb_exposed:.3f} ms + 5% of step {slack:.3f} ms"})
-    # peers whose compute the adapter sees (>= 0.9x config a's); the others' times are not comparable
-    base = a["total"]["compute_ms"]
-    peers = {k: results[k]["total"]["exposed_comm_ms"] for k in ("b", "c", "d")
-             if results.get(k) and not results[k].get("error")
-             and results[k]["total"]["compute_ms"] >= 0.9 * base}
+    peers = {k: results[k]["total"]["makespan_ms"] for k in PEERS
+             if results.get(k) and not results[k].get("error") and comparable(results[k], a)}
+    left_out = [k for k in PEERS if k not in peers]
     if peers:
         best_key = min(peers, key=peers.get)
-        out.append({"target": "ours-auto exposed <= 0.5 x best of b-d",
-                    "met": te["exposed_comm_ms"] <= 0.5 * peers[best_key] + 1e-9,
-                    "value_ms": te["exposed_comm_ms"], "limit_ms": 0.5 * peers[best_key],
-                    "detail": f"best peer {best_key} ({CONFIGS[best_key]}) {peers[best_key]:.3f} ms"})
+        out.append({"target": "ours-auto simulated step <= 0.85 x best peer (b-d)",
+                    "met": te["makespan_ms"] <= 0.85 * peers[best_key] + 1e-9,
+                    "value_ms": te["makespan_ms"], "limit_ms": 0.85 * peers[best_key],
+                    "detail": f"best peer {best_key} ({CONFIGS[best_key]}) {peers[best_key]:.3f} ms"
+                              + (f"; not comparable or failed: {', '.join(left_out)}" if left_out else "")})
     else:
-        out.append({"target": "ours-auto exposed <= 0.5 x best of b-d", "met": False, "detail": "no peer ran"})
+        out.append({"target": "ours-auto simulated step <= 0.85 x best peer (b-d)", "met": False,
+                    "detail": "no comparable peer ran"})
+    slack = 0.02 * te["makespan_ms"]
+    lb_exposed = sum(max(0.0, g["lower_bound_ms"] - g["compute_ms"]) for g in e["graphs"])
+    out.append({"target": "ours-auto exposed <= first gather + last reduction + 2% of step",
+                "met": te["exposed_comm_ms"] <= te["unhideable_comm_ms"] + slack + 1e-9,
+                "value_ms": te["exposed_comm_ms"], "limit_ms": te["unhideable_comm_ms"] + slack,
+                "detail": f"first gather + last reduction {te['unhideable_comm_ms']:.3f} ms + 2% of step "
+                          f"{slack:.3f} ms (exposed-comm lower bound of the graphs {lb_exposed:.3f} ms)"})
     for k in ("e", "f"):
         r = results.get(k)
         if not r or r.get("error"):
@@ -313,15 +328,16 @@ def table(results: dict[str, dict]) -> str:
     rows = []
     for k, r in results.items():
         if r.get("error"):
-            rows.append([f"{k} {r['name']}", "ERROR: " + r["error"][:90], "", "", "", "", "", "", ""])
+            rows.append([f"{k} {r['name']}", "ERROR: " + r["error"][:90], "", "", "", "", "", "", "", ""])
             continue
         t = r["total"]
         rows.append([f"{k} {r['name']}", f"{t['exposed_comm_ms']:.2f}", f"{t['makespan_ms']:.2f}",
                      f"{t['compute_ms']:.2f}",
                      f"{t['lower_bound_ms']:.2f}", f"{t['peak_memory_bytes'] / 2**20:.1f}",
-                     str(t["n_collectives"]), f"{t['pass_s']:.2f}", f"{t['capture_wall_s']:.1f}"])
+                     str(t["n_collectives"]), f"{t['pass_s']:.2f}", f"{t['capture_wall_s']:.1f}",
+                     f"{t['compute_flops'] / 1e12:.4g}"])
     return C.fmt_table(["config", "exposed ms", "makespan ms", "compute ms", "lower bd ms", "peak MiB", "colls", "pass s",
-                        "capture s"], rows)
+                        "capture s", "TFLOP"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -332,11 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=128256)
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--cluster", default="h100-nvlink")
-    ap.add_argument("--memory-budget", default="5%")
+    ap.add_argument("--memory-budget", default=_default_memory_budget(), help="our passes' memory_budget "
+                    "(default: the package's)")
     ap.add_argument("--configs", default="abcdef", help="subset of a..f")
     ap.add_argument("--smoke", action="store_true", help="tiny dims, 1 layer, world 8")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
+    print(f"load average at start: {os.getloadavg()}", flush=True)
     if a.smoke:
         dims = dict(C.SMOKE, vocab=128, seq_len=16, layers=1)
         a.world_sizes = [8]
@@ -370,19 +388,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"vocab {d.vocab}")
         print("\n" + header)
         print(table(results))
-        base = results.get("a", {}).get("total", {}).get("compute_ms")
+        base = results.get("a")
         for k, r in results.items():
-            if base and not r.get("error"):
-                ratio = r["total"]["compute_ms"] / base
-                r["compute_vs_a"] = ratio
-                if ratio < 0.9:
-                    r["comparable"] = False
-                    print(f"  NOTE: {k} {r['name']}: the simulator sees only {ratio:.2f}x the compute of config a "
-                          "(kernels whose FLOPs the scheduler-node adapter cannot read); its times are NOT "
-                          "comparable with the others")
-                elif ratio > 1.02:
-                    print(f"  NOTE: {k} {r['name']}: {ratio:.2f}x the compute of config a (bucket copy kernels "
-                          "and casts this configuration adds, counted)")
+            if base and not base.get("error") and not r.get("error"):
+                r["compute_vs_a"] = r["total"]["compute_ms"] / base["total"]["compute_ms"]
+                r["compute_flops_vs_a"] = r["total"]["compute_flops"] / base["total"]["compute_flops"]
+                r["comparable"] = comparable(r, base)
+                if not r["comparable"]:
+                    print(f"  NOTE: {k} {r['name']}: the adapter sees {r['compute_flops_vs_a']:.3f}x the FLOPs of "
+                          "config a; its times are NOT comparable with the others")
+                elif r["compute_vs_a"] > 1.02:
+                    print(f"  NOTE: {k} {r['name']}: same FLOPs as config a ({r['compute_flops_vs_a']:.3f}x), "
+                          f"{r['compute_vs_a']:.2f}x its compute time (bucket copy kernels and casts it adds)")
         for t in tg:
             print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "
                   + (f"{t['value_ms']:.3f} ms vs limit {t['limit_ms']:.3f} ms; " if "value_ms" in t else "")
@@ -390,8 +407,16 @@ def main(argv: list[str] | None = None) -> int:
         doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "results": results, "targets": tg})
         doc["load_avg_end"] = os.getloadavg()
         C.write_json(out_path, doc)
-    print(f"\nwrote {out_path}")
+    print(f"\nload average at end: {os.getloadavg()}\nwrote {out_path}")
     return 0
+
+
+def _default_memory_budget() -> str:
+    import dataclasses
+
+    from fsdp_passes.options import Options
+
+    return str(next(f.default for f in dataclasses.fields(Options) if f.name == "memory_budget"))
 
 
 def dataclasses_asdict(d: Any) -> dict[str, Any]:

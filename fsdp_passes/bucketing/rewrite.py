@@ -36,7 +36,9 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from ..dag.graph import CollectiveOp, Dag
+from ..dag.from_fx import op_name
+from ..dag.graph import CollectiveOp, Dag, NodeKind
+from ..dag.ops import classify
 from .plan import Bucket, bucket_key, bucketability, plan_cycles
 
 aten = torch.ops.aten
@@ -284,10 +286,6 @@ def _group_arg(coll: fx.Node) -> Any:
 
 
 def _is_collective(n: fx.Node) -> bool:
-    from ..dag.from_fx import op_name
-    from ..dag.graph import NodeKind
-    from ..dag.ops import classify
-
     return n.op == "call_function" and classify(op_name(n))[0] is NodeKind.COLLECTIVE
 
 

@@ -9,6 +9,7 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
+from .flops import aten_flops, has_flop_formula
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
 from .ops import PASS_THROUGH_OPS, as_int, classify, fill_collective, mark_fsdp, op_base_name
 
@@ -63,7 +64,8 @@ def _is_view(node: fx.Node) -> bool:
 
 def _mutated_args(node: fx.Node) -> list[fx.Node]:
     target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
+    # most ops write nothing: the schema's flag is cheap, building its argument list is not
+    if not isinstance(target, torch._ops.OpOverload) or not target._schema.is_mutable:
         return []
     out = []
     for i, arg in enumerate(target._schema.arguments):
@@ -239,8 +241,6 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             node.alias_of = index.get(base)
             node.out_bytes = 0
         else:
-            from .flops import aten_flops, has_flop_formula
-
             if has_flop_formula(fx_node.target):  # most nodes have none: skip building their arguments
                 try:
                     node.flops = aten_flops(fx_node.target, size_hinted(fx_values(fx_node.args)),

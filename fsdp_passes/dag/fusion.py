@@ -40,7 +40,12 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+import torch.fx as fx
+
+from .from_fx import _is_view, tensor_bytes
 from .graph import Dag, DagNode, NodeKind
+from .ops import as_int, op_base_name
 
 __all__ = ["EXTERN_OPS", "REDUCTION_OPS", "predict_kernels"]
 
@@ -92,8 +97,6 @@ class _Unit:
 
 
 def _base_op(node: DagNode) -> tuple[str, str]:
-    from .ops import op_base_name
-
     return op_base_name(node.op) if node.op != "getitem" else ("", "getitem")
 
 
@@ -102,8 +105,6 @@ def _val(fx_node: Any) -> Any:
 
 
 def _is_view_node(node: DagNode) -> bool:
-    from .from_fx import _is_view
-
     origin = node.origin
     if origin is None or node.kind is not NodeKind.COMPUTE:
         return False
@@ -112,8 +113,6 @@ def _is_view_node(node: DagNode) -> bool:
 
 def _copies(node: DagNode) -> bool:
     """A ``reshape`` whose input's layout cannot be viewed in the output shape: Inductor copies."""
-    import torch
-
     if _base_op(node)[1] not in _MAYBE_COPY_VIEWS:
         return False
     origin = node.origin
@@ -121,8 +120,6 @@ def _copies(node: DagNode) -> bool:
     src, out = (_val(inputs[0]) if inputs else None), _val(origin)
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
-    from .ops import as_int
-
     try:
         probe = torch.empty_strided([as_int(d) for d in src.shape], [as_int(s) for s in src.stride()],
                                     dtype=src.dtype, device="meta")
@@ -136,10 +133,6 @@ def _copies(node: DagNode) -> bool:
 
 def _is_pointwise(node: DagNode) -> bool:
     """Elementwise: no input has more elements than the output (broadcasts included)."""
-    import torch
-
-    from .ops import as_int
-
     out = _val(node.origin)
     if not isinstance(out, torch.Tensor):
         return False
@@ -158,8 +151,6 @@ def _reduces_inner_dims(node: DagNode) -> bool:
     """A reduction over the input's innermost dimensions (a row reduction): its loop nest starts with the
     producer's outer loops, so the CPU backend fuses it with the producer.  A reduction over outer dimensions
     (a bias gradient summed over the batch) runs as a kernel of its own."""
-    import torch
-
     origin = node.origin
     args = origin.args
     src = _val(args[0]) if args and hasattr(args[0], "meta") else None
@@ -177,8 +168,6 @@ def _reduces_inner_dims(node: DagNode) -> bool:
 
 
 def _bytes(value: Any) -> int:
-    from .from_fx import tensor_bytes
-
     try:
         return tensor_bytes(value)
     except ValueError:
@@ -186,8 +175,6 @@ def _bytes(value: Any) -> int:
 
 
 def _device_type(node: DagNode) -> str:
-    import torch
-
     v = _val(node.origin)
     if isinstance(v, (list, tuple)):
         v = next((x for x in v if isinstance(x, torch.Tensor)), None)
@@ -217,8 +204,6 @@ def predict_kernels(dag: Dag) -> Dag:
 
     Nodes without an FX origin (hand-built DAGs) are kept as they are.  See the module docstring.
     """
-    import torch.fx as fx
-
     nodes = dag.nodes
     n = len(nodes)
     # -- 1. views: which buffer each node's value lives in (a view lives in its base's; a graph input: None)

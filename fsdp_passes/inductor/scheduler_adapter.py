@@ -137,29 +137,61 @@ def _kernel_key(snode: Any) -> str | None:
     return name if name != "fused" else None
 
 
-def _flops(snode: Any) -> float:
-    """FLOPs of the node's origin op from the flop formulas on its (size-hinted) shapes, as the FX DAG counts
-    them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a fallback."""
+def _wrapped_ops(origin: Any) -> list[Any]:
+    """The FX ops an origin node stands for: itself, or, for Inductor's ``control_deps`` wrapper (which the
+    OverlapScheduler puts around a kernel to pin its order), the call(s) inside the wrapper's subgraph,
+    recursively.  The wrapper's lowering gives its result buffer the wrapper as origin, so without this the
+    kernel under it would have no FLOP formula and no op name."""
+    from torch._inductor.fx_passes.control_dependencies import control_deps
+
+    if getattr(origin, "target", None) is not control_deps:
+        return [origin]
+    subgraph = origin.args[1] if len(origin.args) > 1 else None
+    if isinstance(subgraph, torch.fx.Node) and subgraph.op == "get_attr":
+        module: Any = origin.graph.owning_module
+        try:
+            for part in str(subgraph.target).split("."):
+                module = getattr(module, part)
+        except AttributeError:  # the subgraph is gone: nothing to see through
+            return [origin]
+        subgraph = module
+    if not isinstance(subgraph, torch.fx.GraphModule):
+        return [origin]
+    return [op for node in subgraph.graph.nodes if node.op == "call_function" for op in _wrapped_ops(node)]
+
+
+def _origin_flops(snode: Any) -> float:
+    """FLOPs of one (unfused) scheduler node's origin op, see ``_flops``."""
     from ..dag.flops import aten_flops, has_flop_formula
     from ..dag.from_fx import fx_values, size_hinted
 
     origin = None
     try:
         origin = snode.node.get_origin_node()
-    except Exception:  # fused or generated nodes may have no single origin
+    except Exception:  # generated nodes may have no single origin
         pass
-    if origin is not None and has_flop_formula(origin.target):
-        try:
-            return float(aten_flops(origin.target, size_hinted(fx_values(origin.args)),
-                                    size_hinted(fx_values(origin.kwargs)), size_hinted(origin.meta.get("val"))))
-        except Exception:  # fall back to Inductor's count below
-            pass
     if origin is None:
         return 0.0
+    ops = _wrapped_ops(origin)
+    if all(has_flop_formula(op.target) for op in ops):
+        try:
+            return float(sum(aten_flops(op.target, size_hinted(fx_values(op.args)), size_hinted(fx_values(op.kwargs)),
+                                        size_hinted(op.meta.get("val"))) for op in ops))
+        except Exception:  # fall back to Inductor's count below
+            pass
     try:
         return float(snode.estimate_flops() or 0)
     except Exception:  # needs V.graph to resolve symbolic counts; bytes still give a roofline estimate
         return 0.0
+
+
+def _flops(snode: Any) -> float:
+    """FLOPs of the node's origin op(s) from the flop formulas on their (size-hinted) shapes, as the FX DAG
+    counts them; Inductor's own count (which dispatches the op on fake tensors, ~4 ms a node) only as a
+    fallback.  A fused or grouped node counts every node it is made of (a matmul template with a fused
+    epilogue keeps its matmul), a node under ``control_deps`` the op the wrapper holds."""
+    parts = getattr(snode, "snodes", None) or [snode]
+    return float(sum(_origin_flops(part) for part in parts))
 
 
 def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs: set[str] | None = None) -> Dag:
@@ -250,8 +282,10 @@ def _origin_ops(snode: Any) -> list[str]:
     ops = []
     for part in getattr(snode, "snodes", None) or [snode]:
         for origin in getattr(getattr(part, "node", None), "origins", ()) or ():
-            if origin.op == "call_function":
-                target = getattr(origin, "target", None)
+            if origin.op != "call_function":
+                continue
+            for op in _wrapped_ops(origin):
+                target = getattr(op, "target", None)
                 ops.append(getattr(target, "_opname", None) or getattr(target, "__name__", None) or str(target))
     return ops
 
