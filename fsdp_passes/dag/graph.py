@@ -90,7 +90,7 @@ class Dag:
             if node.name in self.index:
                 raise ValueError(f"duplicate node name {node.name!r}")
             self.index[node.name] = i
-        self._topo_rank = _topological_rank(self.preds, self.succs)
+        self._topo_rank, self._ids_in_order = _topological_rank(self.preds, self.succs)
         self._reach_cache: dict[int, int] = {}
 
     # -- basic access -------------------------------------------------------------------------------------
@@ -168,6 +168,11 @@ class Dag:
         self._reach_cache[i] = mask
         return mask
 
+    def ids_in_topological_order(self) -> bool:
+        """True when every edge goes from a lower id to a higher one (the ids are a topological order, so the
+        order ``0..n-1`` is a valid schedule: group sequences are in id order by definition)."""
+        return self._ids_in_order
+
     def topological_order(self) -> list[int]:
         return sorted(range(len(self.nodes)), key=self._topo_rank.__getitem__)
 
@@ -232,14 +237,15 @@ class Dag:
         return "\n".join(lines) + "\n"
 
 
-def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
-    """Kahn's algorithm, ties broken by node index so the result is deterministic; raises on a cycle."""
+def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[list[int], bool]:
+    """Kahn's algorithm, ties broken by node index so the result is deterministic; raises on a cycle.  Also
+    says whether the ids already were a topological order."""
     import heapq
 
     n = len(preds)
     if all(p < dst for dst, ps in enumerate(preds) for p in ps):
         # the usual case (nodes numbered in graph order): the index order is the tie-broken Kahn order
-        return list(range(n))
+        return list(range(n)), True
     indeg = [len(p) for p in preds]
     ready = [i for i in range(n) if indeg[i] == 0]
     heapq.heapify(ready)
@@ -255,7 +261,7 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[in
                 heapq.heappush(ready, v)
     if k != n:
         raise ValueError(f"dependency graph has a cycle through {n - k} nodes")
-    return rank
+    return rank, False
 
 
 def buffer_roots(dag: Dag) -> list[int]:
