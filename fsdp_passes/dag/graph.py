@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from .gc_pause import collector_paused
+
 
 class NodeKind(str, enum.Enum):
     COMPUTE = "compute"
@@ -68,6 +70,7 @@ class DagNode:
 class Dag:
     """A plain DAG over ``DagNode``s with integer ids, adjacency lists and reachability queries."""
 
+    @collector_paused()
     def __init__(self, nodes: Sequence[DagNode], edges: Iterable[tuple[int, int]], resident_bytes: int = 0):
         self.nodes: list[DagNode] = list(nodes)
         # bytes of the graph's inputs (parameter shards, saved activations): not nodes; reported in dumps

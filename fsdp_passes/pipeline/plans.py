@@ -10,6 +10,7 @@ from ..bucketing.auto import plan_auto
 from ..bucketing.manual import describe_entries, plan_manual
 from ..bucketing.plan import BucketPlanResult, break_cycles, fsdp_payload_bytes
 from ..cost_model import CostModel
+from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag, NodeKind
 from ..options import Options
 from .choice import fit_to_budget, memory_limits
@@ -17,6 +18,7 @@ from .choice import fit_to_budget, memory_limits
 __all__ = ["BucketOverBudget", "graph_memory_budget", "plan_bucketing", "trim_to_budget"]
 
 
+@collector_paused()
 def plan_bucketing(
     dag: Dag,
     options: Options,

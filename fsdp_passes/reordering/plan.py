@@ -7,6 +7,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag
 from ..simulate import check_order, exposed_and_makespan, simulate
 from ..simulate.memory import MemoryModel
@@ -107,6 +108,7 @@ class ReorderResult:
         return lines
 
 
+@collector_paused()
 def plan_order(
     dag: Dag,
     durations: Sequence[float],
