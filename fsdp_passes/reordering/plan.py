@@ -143,6 +143,7 @@ def plan_order(
     s = Structure(dag)
     dur = as_durations(dag, durations)
     mm = MemoryModel(dag, s.coll_of)
+    mm.index_uses()  # the scheduler's trackers need it, and the curves below read it
     n = s.n
     identity = list(range(n))
     if not dag.ids_in_topological_order():

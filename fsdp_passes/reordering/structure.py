@@ -30,7 +30,8 @@ class Structure:
 
     kind: COMPUTE, COLLECTIVE or WAIT (a wait that names no collective is scheduled like compute).
     coll_of: for a wait, its collective; else -1.  waits_of: for a collective, its waits (ascending).
-    preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out.
+    preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out (the
+    DAG's own lists where nothing is added: read only).
     group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
     collective in its group's sequence.
     fsdp / fence: FSDP-like collectives (may be prefetched) and ``CollectiveOp.OTHER`` ones (never moved, no
@@ -58,17 +59,15 @@ class Structure:
         self.kind = kind
         self.coll_of = coll_of
 
-        preds = [list(p) for p in dag.preds]
-        succs = [list(s) for s in dag.succs]
-        for w in range(n):
-            c = coll_of[w]
+        # the DAG's own lists, read only; a list that gains the implicit edge is replaced by a sorted copy
+        preds = list(dag.preds)
+        succs = list(dag.succs)
+        for w, c in enumerate(coll_of):
             if c >= 0 and c not in dag.preds[w]:
                 if c > w:
                     raise ValueError(f"wait {nodes[w].name} comes before its collective {nodes[c].name}")
-                preds[w].append(c)
-                preds[w].sort()
-                succs[c].append(w)
-                succs[c].sort()
+                preds[w] = sorted([*preds[w], c])
+                succs[c] = sorted([*succs[c], w])
         self.preds = preds
         self.succs = succs
 
