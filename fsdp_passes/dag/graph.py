@@ -76,23 +76,29 @@ class Dag:
         # bytes of the graph's inputs (parameter shards, saved activations): not nodes; reported in dumps
         self.resident_bytes = int(resident_bytes)
         n = len(self.nodes)
-        preds: list[set[int]] = [set() for _ in range(n)]
+        preds: list[list[int]] = [[] for _ in range(n)]
         for src, dst in edges:
             if src == dst:
                 continue
             if not (0 <= src < n and 0 <= dst < n):
                 raise ValueError(f"edge ({src}, {dst}) names a node outside 0..{n - 1}")
-            preds[dst].add(src)
-        self.preds: list[list[int]] = [sorted(p) for p in preds]
-        self.succs: list[list[int]] = [[] for _ in range(n)]
-        for dst, ps in enumerate(self.preds):
+            preds[dst].append(src)
+        for dst, ps in enumerate(preds):
+            if len(ps) > 1:  # most nodes have one input: no set, no sort
+                preds[dst] = sorted(set(ps))
+        self.preds: list[list[int]] = preds
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for dst, ps in enumerate(preds):
             for src in ps:
-                self.succs[src].append(dst)
-        self.index: dict[str, int] = {}
-        for i, node in enumerate(self.nodes):
-            if node.name in self.index:
-                raise ValueError(f"duplicate node name {node.name!r}")
-            self.index[node.name] = i
+                succs[src].append(dst)
+        self.succs: list[list[int]] = succs
+        self.index: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
+        if len(self.index) != n:
+            seen: set[str] = set()
+            for node in self.nodes:
+                if node.name in seen:
+                    raise ValueError(f"duplicate node name {node.name!r}")
+                seen.add(node.name)
         self._topo_rank, self._ids_in_order = _topological_rank(self.preds, self.succs)
         self._reach_cache: dict[int, int] = {}
 
@@ -246,7 +252,7 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[l
     import heapq
 
     n = len(preds)
-    if all(p < dst for dst, ps in enumerate(preds) for p in ps):
+    if all(not ps or ps[-1] < dst for dst, ps in enumerate(preds)):  # each list is sorted
         # the usual case (nodes numbered in graph order): the index order is the tie-broken Kahn order
         return list(range(n)), True
     indeg = [len(p) for p in preds]
