@@ -109,7 +109,8 @@ def memory_limits(dag: Dag, budget: int) -> int:
     """Largest ``extra_bytes_bound`` one bucket may have so that ``memory_claim`` stays within ``budget``: the
     budget divided by the number of kinds of FSDP collectives in the graph (a forward's gathers: the whole
     budget; a backward's re-gathers and reduce-scatters: half each)."""
-    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in (CollectiveOp.ALL_GATHER, *_REDUCTIONS)}
+    fsdp_ops = (CollectiveOp.ALL_GATHER, *_REDUCTIONS)
+    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in fsdp_ops}
     return budget // max(1, len(kinds))
 
 
