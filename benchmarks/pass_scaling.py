@@ -9,7 +9,7 @@ of about 1k, 10k and 100k nodes.  Timed stages, each on the same DAG:
   build     creating the DagNodes and the Dag (edges, topological ranks, group sequences)
   estimate  CostModel("h100-nvlink").estimate(dag)
   bucket    pipeline.plan_bucketing(dag, Options(bucketing="auto"))   (the plan; the FX rewrite needs a graph)
-  reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the baseline peak)
+  reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the FSDP payload, as the passes take it)
 
 The growth exponent is the slope of log(time) against log(nodes), least squares over the sizes.
 
