@@ -71,20 +71,27 @@ class Structure:
         self.preds = preds
         self.succs = succs
 
-        waits_of: list[list[int]] = [[] for _ in range(n)]
-        for w in range(n):
-            if coll_of[w] >= 0:
-                waits_of[coll_of[w]].append(w)
-        self.waits_of = waits_of
+        collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        # one shared empty tuple for every node that is not a collective (read only, like the rest)
+        waits_of: list = [()] * n
+        for c in collectives:
+            waits_of[c] = []
+        for w, c in enumerate(coll_of):
+            if c >= 0:
+                waits_of[c].append(w)
+        self.waits_of: list[list[int]] = waits_of
 
         self.group: list[str] = [""] * n
         self.seq: dict[str, list[int]] = {}
         self.seq_pos = [-1] * n
         self.fsdp = bytearray(n)
         self.fence = bytearray(n)
-        for i, node in enumerate(nodes):
-            if kind[i] != COLLECTIVE:
-                continue
+        #: per collective: its CollectiveOp, and the lowest-numbered compute node that reads one of its waits
+        #: (-1 when none does): where the original order starts consuming its output
+        self.coll_op: list[CollectiveOp | None] = [None] * n
+        self.first_use = [-1] * n
+        for i in collectives:
+            node = nodes[i]
             g = group_key(node.group_name)
             self.group[i] = g
             s = self.seq.setdefault(g, [])
@@ -94,24 +101,16 @@ class Structure:
                 self.fence[i] = 1
             elif node.fsdp:
                 self.fsdp[i] = 1
-
-        #: per collective: its CollectiveOp, and the lowest-numbered compute node that reads one of its waits
-        #: (-1 when none does): where the original order starts consuming its output
-        self.coll_op: list[CollectiveOp | None] = [None] * n
-        self.first_use = [-1] * n
-        for c in range(n):
-            if kind[c] != COLLECTIVE:
-                continue
-            self.coll_op[c] = nodes[c].collective
+            self.coll_op[i] = node.collective
             use = -1
-            for w in waits_of[c]:
+            for w in waits_of[i]:
                 for v in succs[w]:
                     if kind[v] == COMPUTE and (use < 0 or v < use):
                         use = v
-            self.first_use[c] = use
+            self.first_use[i] = use
 
         self.computes = [i for i in range(n) if kind[i] == COMPUTE]
-        self.collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        self.collectives = collectives
         self.fences = [i for i in self.collectives if self.fence[i]]
         #: collectives that keep their place relative to compute (no compute is pulled ahead of them)
         self.non_fsdp_collectives = [i for i in self.collectives if not self.fsdp[i]]
