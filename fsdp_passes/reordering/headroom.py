@@ -166,7 +166,13 @@ class HeadroomTree:
         block = self.block
         bl, bh = lo // block, (hi - 1) // block
         if bl == bh:
-            self._add_inside(bl, lo, hi, v)
+            if hi - lo == 1:  # the most common case
+                self.raw[lo] += v
+                if not self.is_dirty[bl]:
+                    self.is_dirty[bl] = 1
+                    self.dirty.append(bl)
+            else:
+                self._add_inside(bl, lo, hi, v)
             return
         self._add_inside(bl, lo, (bl + 1) * block, v)
         self._add_inside(bh, bh * block, hi, v)
@@ -181,7 +187,10 @@ class HeadroomTree:
         block, raw = self.block, self.raw
         bl, bh = lo // block, (hi - 1) // block
         if bl == bh:
-            return max(raw[lo:hi]) + self._offset(bl)
+            top = raw[lo] if hi - lo == 1 else max(raw[lo:hi])
+            if self.offset_epoch[bl] == self.epoch:
+                return top + self.offset[bl]
+            return top + self._offset(bl)
         a = max(raw[lo : (bl + 1) * block]) + self._offset(bl)
         b = max(raw[bh * block : hi]) + self._offset(bh)
         res = a if a > b else b

@@ -311,10 +311,12 @@ class ListScheduler:
             if hold_lo >= hold_hi:
                 keep.append(w)
                 continue
-            mine = [r for r in uses[w] if remaining[r] == held[r] and r not in charged]
+            mine = []
             nbytes = 0
-            for r in mine:
-                nbytes += alloc[r]
+            for r in uses[w]:
+                if remaining[r] == held[r] and r not in charged:
+                    mine.append(r)
+                    nbytes += alloc[r]
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)
