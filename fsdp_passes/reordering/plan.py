@@ -40,10 +40,9 @@ class ReorderResult:
     moved: collectives whose position relative to compute nodes changed.
     reasons: per node id, why it is where it is ("" for compute nodes that did not move).
     before / after: simulated exposed communication, makespan and peak memory of the original order and
-        of ``order`` (``after`` as the scheduling pass simulated it while building it).
+        of ``order``.
     predicted: the same figures of ``order`` as the scheduling pass tracked them while building it (it runs
-        the simulator's engine incrementally, so they equal ``after`` and ``simulate`` of ``order``;
-        ``before`` when ``fallback`` is set).
+        the simulator's engine incrementally, so they equal ``after``; ``before`` when ``fallback`` is set).
     baseline_peak / memory_limit: the original order's peak and the limit the plan kept (baseline peak +
         budget).
     fallback: why the original order was returned, or None when the planned order is used.
@@ -201,9 +200,7 @@ def plan_order(
         if problems:  # pragma: no cover - would be a scheduler bug
             rejected.append(f"{label} order invalid: {problems[0]}")
             continue
-        # the pass advanced the simulator's own engine (StreamClock, MemoryTracker) over exactly this order, so
-        # its figures are what a replay would report; replaying it again would only repeat the work
-        after = OrderStats(float(outcome.exposed), float(outcome.makespan), int(outcome.peak))
+        after = _stats(dag, outcome.order, dur, s, max(mm.curve(outcome.order), default=0))
         if after.peak_bytes > limit:
             rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
         elif after.exposed_ms > before.exposed_ms:
