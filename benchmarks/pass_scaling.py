@@ -1,14 +1,15 @@
 """Pass cost at scale: how the planning stages of fsdp_passes grow with graph size, and what the passes add to
 Inductor's compile time on a captured Llama-3-8B-shaped graph.
 
-Synthetic part: FSDP-shaped forward + backward DAGs (per layer: parameter casts, all-gathers and waits, a
+Synthetic part (target: 100k nodes in at most TARGET_100K_S seconds, growth no steeper than n log n):
+FSDP-shaped forward + backward DAGs (per layer: parameter casts, all-gathers and waits, a
 chain of matmul-like compute; backward: re-gathers, gradient compute, fp32 casts, reduce-scatters and waits)
 of about 1k, 10k and 100k nodes.  Timed stages, each on the same DAG:
 
   build     creating the DagNodes and the Dag (edges, topological ranks, group sequences)
   estimate  CostModel("h100-nvlink").estimate(dag)
   bucket    pipeline.plan_bucketing(dag, Options(bucketing="auto"))   (the plan; the FX rewrite needs a graph)
-  reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the baseline peak)
+  reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the FSDP payload, as the passes take it)
 
 The growth exponent is the slope of log(time) against log(nodes), least squares over the sizes.
 
@@ -41,6 +42,9 @@ import _common as C  # noqa: E402
 import torch  # noqa: E402
 
 STAGES = ("build", "estimate", "bucket", "reorder")
+
+#: end-to-end seconds the synthetic 100k-node DAG must be planned and reordered in
+TARGET_100K_S = 2.0
 
 
 # --------------------------------------------------------------------------------------------------
@@ -371,10 +375,16 @@ def main(argv: list[str] | None = None) -> int:
     if big:
         t = big[-1]["times_s"]["total"]["median"]
         c = big[-1]["cpu_s"]["total"]["median"]
-        doc["targets"].append({"target": "100k nodes <= 5 s end to end (wall)", "met": t <= 5.0, "value_s": t,
-                               "nodes": big[-1]["nodes"]})
-        doc["targets"].append({"target": "100k nodes <= 5 s end to end (CPU time of the process)", "met": c <= 5.0,
-                               "value_s": c, "nodes": big[-1]["nodes"]})
+        doc["targets"].append({"target": f"100k nodes <= {TARGET_100K_S:g} s end to end (wall)",
+                               "met": t <= TARGET_100K_S, "value_s": t, "nodes": big[-1]["nodes"]})
+        doc["targets"].append({"target": f"100k nodes <= {TARGET_100K_S:g} s end to end (CPU time of the process)",
+                               "met": c <= TARGET_100K_S, "value_s": c, "nodes": big[-1]["nodes"]})
+    if exps["total"] is not None:
+        # n log n, fitted over the same sizes, is the slope to stay under (about 1.11 over 1k..100k)
+        bound = fit_exponent([(e["nodes"], e["nodes"] * math.log(e["nodes"])) for e in doc["synthetic"]])
+        doc["targets"].append({"target": "growth <= n log n (exponent of the total, wall, against n log n's "
+                                         "over the same sizes)",
+                               "met": exps["total"] <= bound, "value": exps["total"], "n_log_n_exponent": bound})
     if a.layers:
         cap = time_captured(a.layers, a.seq_len, a.world_size, a.full_compile)
         doc["captured"] = cap

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..dag.graph import CollectiveOp, Dag
-from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, extra_bytes_bound,
+from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, extra_bytes_of,
                    make_bucket)
 
 
@@ -88,31 +88,33 @@ def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int 
     preds = dag.preds
     out: list[Bucket] = []
     members = [seq[0]]
-    sizes = [first.comm_bytes]
+    # the bucket's payload, summed and smallest, kept as it grows (its bound needs only these)
+    total = first.comm_bytes
+    smallest = total
     tainted = {seq[0]}
     scanned = seq[0]
     for j in seq[1:]:
         bj = dag.nodes[j].comm_bytes
-        total = sum(sizes)
         # 1. dependency: does j's input depend on a member? (taint the window up to j, once per bucket)
         for v in range(scanned + 1, j):
-            if any(p in tainted for p in preds[v]):
+            if not tainted.isdisjoint(preds[v]):
                 tainted.add(v)
         scanned = j
-        if any(p in tainted for p in preds[j]):
+        if not tainted.isdisjoint(preds[j]):
             reason = "dependency"
         elif cap_bytes is not None and total + bj > cap_bytes:
             reason = "size_cap"
-        elif limit is not None and extra_bytes_bound(op, sizes + [bj], group_size) > limit:
+        elif limit is not None and extra_bytes_of(op, total + bj, min(smallest, bj), group_size) > limit:
             reason = "memory"
         elif not cost(total + bj) < cost(total) + cost(bj):
             reason = "latency"
         else:
             members.append(j)
-            sizes.append(bj)
+            total += bj
+            smallest = min(smallest, bj)
             tainted.add(j)
             continue
         out.append(make_bucket(dag, members, close_reason=reason, label=label))
-        members, sizes, tainted = [j], [bj], {j}
+        members, total, smallest, tainted = [j], bj, bj, {j}
     out.append(make_bucket(dag, members, close_reason="end", label=label))
     return out

@@ -210,33 +210,36 @@ def plan_cycles(dag: Dag, buckets: Iterable[Bucket]) -> list[int]:
             if w is not None and w0 is not None:
                 rep[w] = w0
                 owner[w] = b_idx
-    succs: dict[int, set[int]] = {}
-    indeg: dict[int, int] = {}
-    nodes = {rep[i] for i in range(n)}
-    for r in nodes:
-        indeg[r] = 0
+    # Kahn's algorithm on the contracted graph without building it: a representative's out-edges are its
+    # members' edges mapped through ``rep`` (parallel edges are counted and released alike, so need no merging)
+    members_of: dict[int, list[int]] = {}
+    for i in range(n):
+        if rep[i] != i:
+            members_of.setdefault(rep[i], [rep[i]]).append(i)
+    dag_succs = dag.succs
+    indeg = [0] * n
     for u in range(n):
         ru = rep[u]
-        for v in dag.succs[u]:
+        for v in dag_succs[u]:
             rv = rep[v]
-            if ru == rv:
-                continue
-            s = succs.setdefault(ru, set())
-            if rv not in s:
-                s.add(rv)
+            if ru != rv:
                 indeg[rv] += 1
-    ready = [r for r in nodes if indeg[r] == 0]
+    reps = [r for r in range(n) if rep[r] == r]
+    ready = [r for r in reps if indeg[r] == 0]
     done = 0
     while ready:
         u = ready.pop()
         done += 1
-        for v in succs.get(u, ()):
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    if done == len(nodes):
+        for m in members_of.get(u, (u,)):
+            for v in dag_succs[m]:
+                rv = rep[v]
+                if rv != u:
+                    indeg[rv] -= 1
+                    if indeg[rv] == 0:
+                        ready.append(rv)
+    if done == len(reps):
         return []
-    stuck = {owner[r] for r in nodes if indeg[r] > 0 and r in owner}
+    stuck = {owner[r] for r in reps if indeg[r] > 0 and r in owner}
     return sorted(stuck)
 
 
@@ -282,8 +285,13 @@ def extra_bytes_bound(op: CollectiveOp | None, member_bytes: Sequence[int], grou
     """
     if len(member_bytes) < 2:
         return 0
-    total = sum(member_bytes)
-    held = total - min(member_bytes)
+    return extra_bytes_of(op, sum(member_bytes), min(member_bytes), group_size)
+
+
+def extra_bytes_of(op: CollectiveOp | None, total: int, smallest: int, group_size: int) -> int:
+    """``extra_bytes_bound`` of two or more members from their summed and smallest payloads (for a planner
+    that grows a bucket one member at a time and keeps both running)."""
+    held = total - smallest
     if op is CollectiveOp.ALL_GATHER:
         return held + total + total // max(group_size, 1)
     return held + total

@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
+from .gc_pause import collector_paused
+
 
 class NodeKind(str, enum.Enum):
     COMPUTE = "compute"
@@ -78,29 +80,36 @@ class DagNode:
 class Dag:
     """A plain DAG over ``DagNode``s with integer ids, adjacency lists and reachability queries."""
 
+    @collector_paused()
     def __init__(self, nodes: Sequence[DagNode], edges: Iterable[tuple[int, int]], resident_bytes: int = 0):
         self.nodes: list[DagNode] = list(nodes)
         # bytes of the graph's inputs (parameter shards, saved activations): not nodes; reported in dumps
         self.resident_bytes = int(resident_bytes)
         n = len(self.nodes)
-        preds: list[set[int]] = [set() for _ in range(n)]
+        preds: list[list[int]] = [[] for _ in range(n)]
         for src, dst in edges:
             if src == dst:
                 continue
             if not (0 <= src < n and 0 <= dst < n):
                 raise ValueError(f"edge ({src}, {dst}) names a node outside 0..{n - 1}")
-            preds[dst].add(src)
-        self.preds: list[list[int]] = [sorted(p) for p in preds]
-        self.succs: list[list[int]] = [[] for _ in range(n)]
-        for dst, ps in enumerate(self.preds):
+            preds[dst].append(src)
+        for dst, ps in enumerate(preds):
+            if len(ps) > 1:  # most nodes have one input: no set, no sort
+                preds[dst] = sorted(set(ps))
+        self.preds: list[list[int]] = preds
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for dst, ps in enumerate(preds):
             for src in ps:
-                self.succs[src].append(dst)
-        self.index: dict[str, int] = {}
-        for i, node in enumerate(self.nodes):
-            if node.name in self.index:
-                raise ValueError(f"duplicate node name {node.name!r}")
-            self.index[node.name] = i
-        self._topo_rank = _topological_rank(self.preds, self.succs)
+                succs[src].append(dst)
+        self.succs: list[list[int]] = succs
+        self.index: dict[str, int] = {node.name: i for i, node in enumerate(self.nodes)}
+        if len(self.index) != n:
+            seen: set[str] = set()
+            for node in self.nodes:
+                if node.name in seen:
+                    raise ValueError(f"duplicate node name {node.name!r}")
+                seen.add(node.name)
+        self._topo_rank, self._ids_in_order = _topological_rank(self.preds, self.succs)
         self._reach_cache: dict[int, int] = {}
 
     # -- basic access -------------------------------------------------------------------------------------
@@ -178,6 +187,11 @@ class Dag:
         self._reach_cache[i] = mask
         return mask
 
+    def ids_in_topological_order(self) -> bool:
+        """True when every edge goes from a lower id to a higher one (the ids are a topological order, so the
+        order ``0..n-1`` is a valid schedule: group sequences are in id order by definition)."""
+        return self._ids_in_order
+
     def topological_order(self) -> list[int]:
         return sorted(range(len(self.nodes)), key=self._topo_rank.__getitem__)
 
@@ -242,14 +256,15 @@ class Dag:
         return "\n".join(lines) + "\n"
 
 
-def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
-    """Kahn's algorithm, ties broken by node index so the result is deterministic; raises on a cycle."""
+def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[list[int], bool]:
+    """Kahn's algorithm, ties broken by node index so the result is deterministic; raises on a cycle.  Also
+    says whether the ids already were a topological order."""
     import heapq
 
     n = len(preds)
-    if all(p < dst for dst, ps in enumerate(preds) for p in ps):
+    if all(not ps or ps[-1] < dst for dst, ps in enumerate(preds)):  # each list is sorted
         # the usual case (nodes numbered in graph order): the index order is the tie-broken Kahn order
-        return list(range(n))
+        return list(range(n)), True
     indeg = [len(p) for p in preds]
     ready = [i for i in range(n) if indeg[i] == 0]
     heapq.heapify(ready)
@@ -265,7 +280,7 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> list[in
                 heapq.heappush(ready, v)
     if k != n:
         raise ValueError(f"dependency graph has a cycle through {n - k} nodes")
-    return rank
+    return rank, False
 
 
 def buffer_roots(dag: Dag) -> list[int]:

@@ -8,6 +8,7 @@ from ..bucketing.auto import plan_auto
 from ..bucketing.manual import plan_manual
 from ..bucketing.plan import BucketPlanResult, break_cycles
 from ..cost_model import CostModel
+from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag, NodeKind
 from ..options import Options
 from .budget import fit_to_budget, graph_memory_budget, trim_to_budget
@@ -15,6 +16,7 @@ from .budget import fit_to_budget, graph_memory_budget, trim_to_budget
 __all__ = ["plan_bucketing"]
 
 
+@collector_paused()
 def plan_bucketing(
     dag: Dag,
     options: Options,

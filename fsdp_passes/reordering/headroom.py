@@ -1,15 +1,28 @@
 """Memory headroom over the original order, for the scheduler's gates.
 
-``HeadroomTree`` is a segment tree over the positions of the original order holding that order's memory
-curve (``fsdp_passes.simulate.memory``) plus every extra live range the scheduler has committed to (a gather
-issued before its original position, a wait deferred past it, a compute node pulled ahead).  Range add and
-range max are O(log n).
+``HeadroomTree`` holds, per position of the original order, that order's memory curve
+(``fsdp_passes.simulate.memory``) plus every extra live range the scheduler has committed to (a gather
+issued before its original position, a wait deferred past it, a compute node pulled ahead), with range add
+and range max.
+
+Almost every range the scheduler charges is a few positions long and lies near the frontier, while a few
+(pulling a node from far ahead) span most of the graph.  So the positions are cut into blocks: a range inside
+one block is served from a flat list with slice operations (no per-level walk at all), and only the whole
+blocks a long range covers go through a segment tree over the blocks' maxima (``RangeMaxTree``).  A block
+whose values changed is written back to that tree lazily, once, before the next long range reads it, so
+each operation costs O(block + log n) amortised, the block part at C speed.
 """
 
 from __future__ import annotations
 
+#: positions per block of ``HeadroomTree``: ranges shorter than this never touch the segment tree
+HEADROOM_BLOCK = 128
 
-class HeadroomTree:
+#: what ``max`` returns for an empty range
+EMPTY_MAX = -(1 << 62)
+
+
+class RangeMaxTree:
     """Range add / range max over positions 0..n-1 (bottom-up segment tree, lazy adds kept per node)."""
 
     __slots__ = ("n", "h", "t", "d")
@@ -68,16 +81,16 @@ class HeadroomTree:
         self._build(r0 - 1)
 
     def max(self, lo: int, hi: int) -> int:
-        """Largest value at positions lo..hi-1 (a very small number when the range is empty)."""
+        """Largest value at positions lo..hi-1 (``EMPTY_MAX`` when the range is empty)."""
         if lo >= hi:
-            return -(1 << 62)
+            return EMPTY_MAX
         n = self.n
         lo += n
         hi += n
         self._push(lo)
         self._push(hi - 1)
         t = self.t
-        res = -(1 << 62)
+        res = EMPTY_MAX
         while lo < hi:
             if lo & 1:
                 if t[lo] > res:
@@ -92,4 +105,101 @@ class HeadroomTree:
         return res
 
 
-__all__ = ["HeadroomTree"]
+class HeadroomTree:
+    """Range add / range max over positions 0..n-1: blocks of ``block`` positions in a flat list, plus a
+    ``RangeMaxTree`` over the blocks for the whole blocks a range covers.
+
+    The value at position i is ``raw[i]`` plus the adds made to its whole block through the block tree (the
+    block's *offset*).  The block tree holds, per block, ``written[b]`` (the largest raw value of the block
+    when it was last written back) plus the offset; ``dirty`` lists the blocks whose raw values changed since.
+    """
+
+    __slots__ = ("n", "block", "raw", "blocks", "written", "dirty", "is_dirty", "offset", "offset_epoch", "epoch")
+
+    def __init__(self, values: list[int], block: int = HEADROOM_BLOCK):
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        n = len(values)
+        self.n = n
+        self.block = block
+        self.raw = list(values)
+        self.written = [max(values[s : s + block]) for s in range(0, n, block)]
+        self.blocks = RangeMaxTree(self.written)
+        nb = len(self.written)
+        self.dirty: list[int] = []
+        self.is_dirty = bytearray(nb)
+        # offsets read back from the block tree, valid while ``offset_epoch[b] == epoch`` (``epoch`` counts the
+        # adds made through the block tree, the only thing that changes an offset)
+        self.offset = [0] * nb
+        self.offset_epoch = [-1] * nb
+        self.epoch = 0
+
+    def _offset(self, b: int) -> int:
+        if self.offset_epoch[b] != self.epoch:
+            # the block tree holds written[b] + offset whether or not the block is dirty
+            self.offset[b] = self.blocks.max(b, b + 1) - self.written[b]
+            self.offset_epoch[b] = self.epoch
+        return self.offset[b]
+
+    def _flush(self) -> None:
+        """Write the changed blocks' largest raw values back to the block tree."""
+        raw, block, written, blocks = self.raw, self.block, self.written, self.blocks
+        for b in self.dirty:
+            top = max(raw[b * block : (b + 1) * block])
+            if top != written[b]:
+                blocks.add(b, b + 1, top - written[b])
+                written[b] = top
+            self.is_dirty[b] = 0
+        self.dirty.clear()
+
+    def _add_inside(self, b: int, lo: int, hi: int, v: int) -> None:
+        raw = self.raw
+        raw[lo:hi] = [x + v for x in raw[lo:hi]]
+        if not self.is_dirty[b]:
+            self.is_dirty[b] = 1
+            self.dirty.append(b)
+
+    def add(self, lo: int, hi: int, v: int) -> None:
+        """Add ``v`` to positions lo..hi-1."""
+        if lo >= hi or not v:
+            return
+        block = self.block
+        bl, bh = lo // block, (hi - 1) // block
+        if bl == bh:
+            if hi - lo == 1:  # the most common case
+                self.raw[lo] += v
+                if not self.is_dirty[bl]:
+                    self.is_dirty[bl] = 1
+                    self.dirty.append(bl)
+            else:
+                self._add_inside(bl, lo, hi, v)
+            return
+        self._add_inside(bl, lo, (bl + 1) * block, v)
+        self._add_inside(bh, bh * block, hi, v)
+        if bl + 1 < bh:
+            self.blocks.add(bl + 1, bh, v)
+            self.epoch += 1
+
+    def max(self, lo: int, hi: int) -> int:
+        """Largest value at positions lo..hi-1 (``EMPTY_MAX`` when the range is empty)."""
+        if lo >= hi:
+            return EMPTY_MAX
+        block, raw = self.block, self.raw
+        bl, bh = lo // block, (hi - 1) // block
+        if bl == bh:
+            top = raw[lo] if hi - lo == 1 else max(raw[lo:hi])
+            if self.offset_epoch[bl] == self.epoch:
+                return top + self.offset[bl]
+            return top + self._offset(bl)
+        a = max(raw[lo : (bl + 1) * block]) + self._offset(bl)
+        b = max(raw[bh * block : hi]) + self._offset(bh)
+        res = a if a > b else b
+        if bl + 1 < bh:
+            self._flush()
+            mid = self.blocks.max(bl + 1, bh)
+            if mid > res:
+                res = mid
+        return res
+
+
+__all__ = ["EMPTY_MAX", "HEADROOM_BLOCK", "HeadroomTree", "RangeMaxTree"]

@@ -7,8 +7,9 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag
-from ..simulate import simulate
+from ..simulate import check_order, exposed_and_makespan, simulate
 from ..simulate.memory import MemoryModel
 from .scheduler import InternalError, ListScheduler, ScheduleOutcome
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure, as_durations
@@ -107,6 +108,7 @@ class ReorderResult:
         return lines
 
 
+@collector_paused()
 def plan_order(
     dag: Dag,
     durations: Sequence[float],
@@ -140,13 +142,16 @@ def plan_order(
 
     s = Structure(dag)
     dur = as_durations(dag, durations)
-    mm = MemoryModel(dag)
+    mm = MemoryModel(dag, s.coll_of)
+    mm.index_uses()  # the scheduler's trackers need it, and the curves below read it
     n = s.n
     identity = list(range(n))
+    if not dag.ids_in_topological_order():
+        check_order(dag, identity)  # raises, naming the edge that points backwards
     base_curve = mm.curve(identity)
     base_peak = max(base_curve, default=0)
     limit = base_peak + memory_budget_bytes
-    before = evaluate(dag, identity, dur)
+    before = _stats(dag, identity, dur, s, base_peak)
     notes: list[str] = []
 
     def keep_original(reason: str, passes: int) -> ReorderResult:
@@ -195,7 +200,7 @@ def plan_order(
         if problems:  # pragma: no cover - would be a scheduler bug
             rejected.append(f"{label} order invalid: {problems[0]}")
             continue
-        after = evaluate(dag, outcome.order, dur)
+        after = _stats(dag, outcome.order, dur, s, max(mm.curve(outcome.order), default=0))
         if after.peak_bytes > limit:
             rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
         elif after.exposed_ms > before.exposed_ms:
@@ -281,6 +286,14 @@ def _result(
         wait_shift=wait_shift, pulled=outcome.pulled,
         hoisted=outcome.hoisted, passes=passes, notes=notes,
     )
+
+
+def _stats(dag: Dag, order: list[int], dur: list[float], s: Structure, peak: int) -> OrderStats:
+    """``evaluate`` for an order that is known to be valid, with the peak already computed (the verification
+    replays the order on the simulator's engine; it needs neither the order checks again nor the timeline's
+    other figures)."""
+    exposed, makespan = exposed_and_makespan(dag, order, dur, s.coll_of)
+    return OrderStats(float(exposed), float(makespan), int(peak))
 
 
 def evaluate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> OrderStats:

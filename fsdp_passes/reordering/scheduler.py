@@ -117,7 +117,7 @@ class ListScheduler:
         self.filling = False
         self.overdue_heap: list[int] = []  # pending waits by id
         self.overdue: list[int] = []  # pending waits past their original position
-        self.hold_from: dict[int, int] = {}  # wait -> first position its hold is not yet charged on
+        self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * n  # per buffer: how many of its remaining users are overdue waits
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
@@ -293,34 +293,52 @@ class ListScheduler:
             return
         keep: list[int] = []
         tree = self.tree
+        limit = self.limit
         remaining = self.memory.remaining
         alloc = self.alloc
+        hold_from = self.hold_from
         hold_hi = upto + 1
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
+        # Most holds extend over the same positions (those since the last check).  Charges to one range are
+        # summed and added to the tree once: after adding ``acc`` to every position of a range, its max is the
+        # max read before plus ``acc``, so each wait is checked exactly as if charged one by one.
+        run_lo = run_hi = -1
+        run_max = acc = 0
         for w in self.overdue:
             if scheduled[w]:
                 continue
-            hold_lo = self.hold_from.get(w, w + 1)
+            hold_lo = hold_from[w] or w + 1
             if hold_lo >= hold_hi:
                 keep.append(w)
                 continue
-            mine = [r for r in uses[w] if remaining[r] == held[r] and r not in charged]
+            mine = []
             nbytes = 0
-            for r in mine:
-                nbytes += alloc[r]
+            for r in uses[w]:
+                if remaining[r] == held[r] and r not in charged:
+                    mine.append(r)
+                    nbytes += alloc[r]
             if nbytes == 0:
-                self.hold_from[w] = hold_hi
+                hold_from[w] = hold_hi
                 keep.append(w)
                 continue
-            if tree is not None and not self._reserve(hold_lo, hold_hi, nbytes):
-                self.hold_from[w] = hold_hi
-                charged.update(mine)
-                keep.append(w)
-                continue
+            if tree is not None:
+                if hold_lo != run_lo or hold_hi != run_hi:
+                    if acc:
+                        tree.add(run_lo, run_hi, acc)
+                    run_lo, run_hi, acc = hold_lo, hold_hi, 0
+                    run_max = tree.max(hold_lo, hold_hi)
+                if run_max + acc + nbytes <= limit:  # type: ignore[operator]
+                    acc += nbytes
+                    hold_from[w] = hold_hi
+                    charged.update(mine)
+                    keep.append(w)
+                    continue
             self._place_deps(w, f"needed by {self.structure.names[w]}")
             self._place(w)
             if not self.why[w]:
                 self.why[w] = f"early: keeping {nbytes} B of inputs alive longer would exceed the memory limit"
+        if acc:
+            tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
 
     def _issue_due(self, frontier: int) -> None:

@@ -30,7 +30,8 @@ class Structure:
 
     kind: COMPUTE, COLLECTIVE or WAIT (a wait that names no collective is scheduled like compute).
     coll_of: for a wait, its collective; else -1.  waits_of: for a collective, its waits (ascending).
-    preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out.
+    preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out (the
+    DAG's own lists where nothing is added: read only).
     group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
     collective in its group's sequence.
     fsdp / fence: FSDP-like collectives (may be prefetched) and ``CollectiveOp.OTHER`` ones (never moved, no
@@ -58,34 +59,39 @@ class Structure:
         self.kind = kind
         self.coll_of = coll_of
 
-        preds = [list(p) for p in dag.preds]
-        succs = [list(s) for s in dag.succs]
-        for w in range(n):
-            c = coll_of[w]
+        # the DAG's own lists, read only; a list that gains the implicit edge is replaced by a sorted copy
+        preds = list(dag.preds)
+        succs = list(dag.succs)
+        for w, c in enumerate(coll_of):
             if c >= 0 and c not in dag.preds[w]:
                 if c > w:
                     raise ValueError(f"wait {nodes[w].name} comes before its collective {nodes[c].name}")
-                preds[w].append(c)
-                preds[w].sort()
-                succs[c].append(w)
-                succs[c].sort()
+                preds[w] = sorted([*preds[w], c])
+                succs[c] = sorted([*succs[c], w])
         self.preds = preds
         self.succs = succs
 
-        waits_of: list[list[int]] = [[] for _ in range(n)]
-        for w in range(n):
-            if coll_of[w] >= 0:
-                waits_of[coll_of[w]].append(w)
-        self.waits_of = waits_of
+        collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        # one shared empty tuple for every node that is not a collective (read only, like the rest)
+        waits_of: list = [()] * n
+        for c in collectives:
+            waits_of[c] = []
+        for w, c in enumerate(coll_of):
+            if c >= 0:
+                waits_of[c].append(w)
+        self.waits_of: list[list[int]] = waits_of
 
         self.group: list[str] = [""] * n
         self.seq: dict[str, list[int]] = {}
         self.seq_pos = [-1] * n
         self.fsdp = bytearray(n)
         self.fence = bytearray(n)
-        for i, node in enumerate(nodes):
-            if kind[i] != COLLECTIVE:
-                continue
+        #: per collective: its CollectiveOp, and the lowest-numbered compute node that reads one of its waits
+        #: (-1 when none does): where the original order starts consuming its output
+        self.coll_op: list[CollectiveOp | None] = [None] * n
+        self.first_use = [-1] * n
+        for i in collectives:
+            node = nodes[i]
             g = group_key(node.group_name)
             self.group[i] = g
             s = self.seq.setdefault(g, [])
@@ -95,24 +101,16 @@ class Structure:
                 self.fence[i] = 1
             elif node.fsdp:
                 self.fsdp[i] = 1
-
-        #: per collective: its CollectiveOp, and the lowest-numbered compute node that reads one of its waits
-        #: (-1 when none does): where the original order starts consuming its output
-        self.coll_op: list[CollectiveOp | None] = [None] * n
-        self.first_use = [-1] * n
-        for c in range(n):
-            if kind[c] != COLLECTIVE:
-                continue
-            self.coll_op[c] = nodes[c].collective
+            self.coll_op[i] = node.collective
             use = -1
-            for w in waits_of[c]:
+            for w in waits_of[i]:
                 for v in succs[w]:
                     if kind[v] == COMPUTE and (use < 0 or v < use):
                         use = v
-            self.first_use[c] = use
+            self.first_use[i] = use
 
         self.computes = [i for i in range(n) if kind[i] == COMPUTE]
-        self.collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        self.collectives = collectives
         self.fences = [i for i in self.collectives if self.fence[i]]
         #: collectives that keep their place relative to compute (no compute is pulled ahead of them)
         self.non_fsdp_collectives = [i for i in self.collectives if not self.fsdp[i]]

@@ -5,7 +5,7 @@ replays a whole order."""
 from .bounds import lower_bound
 from ..dag.graph import buffer_roots
 from .memory import MemoryModel, MemoryTracker, memory_curve, peak_memory
-from .timeline import OverlapCosts, StreamClock, Timeline, check_order, simulate
+from .timeline import OverlapCosts, StreamClock, Timeline, check_order, exposed_and_makespan, simulate
 from .trace import chrome_trace, write_chrome_trace
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "buffer_roots",
     "check_order",
     "chrome_trace",
+    "exposed_and_makespan",
     "lower_bound",
     "memory_curve",
     "peak_memory",

@@ -56,17 +56,20 @@ class MemoryModel:
             waited = wait_collectives(dag)
         alloc = [0] * n
         pinned = bytearray(n)  # alive to the end: never freed
+        collectives: list[int] = []
         for i, node in enumerate(nodes):
             if node.alias_of is None and node.out_bytes and node.op not in _INPUT_OPS:
                 alloc[i] = int(node.out_bytes)
             if node.is_output:
                 pinned[root[i]] = 1
+            if node.kind is NodeKind.COLLECTIVE:
+                collectives.append(i)
         waits_of: dict[int, list[int]] = {}
         for w, c in enumerate(waited):
             if c >= 0:
                 waits_of.setdefault(c, []).append(w)
-        for c, node in enumerate(nodes):
-            if node.kind is NodeKind.COLLECTIVE and c not in waits_of:
+        for c in collectives:
+            if c not in waits_of:
                 for p in dag.preds[c]:
                     pinned[root[p]] = 1
         self.n = n
@@ -96,10 +99,25 @@ class MemoryModel:
                     for w in ws:
                         yield w, r
 
-    def _index_uses(self) -> None:
+    def index_uses(self) -> None:
+        """Build ``uses`` / ``users`` now (once; ``MemoryTracker`` needs them, and ``curve`` is faster with them)."""
+        if self._uses is not None:
+            return
+        # the pairs of ``user_pairs``, in its order, without a generator step per pair
+        root, freeable, succs, preds = self.root, self._freeable, self._succs, self._preds
         uses: list[list[int]] = [[] for _ in range(self.n)]
-        for u, r in self.user_pairs():
-            uses[u].append(r)
+        for u in range(self.n):
+            r = root[u]
+            if freeable[r]:
+                uses[u].append(r)
+                for v in succs[u]:
+                    uses[v].append(r)
+        for c, ws in self._waits_of.items():
+            for p in preds[c]:
+                r = root[p]
+                if freeable[r]:
+                    for w in ws:
+                        uses[w].append(r)
         users = [0] * self.n
         for u, lst in enumerate(uses):
             if len(lst) > 1:
@@ -112,14 +130,14 @@ class MemoryModel:
     def uses(self) -> list[list[int]]:
         """Per node, the buffers it uses (ascending)."""
         if self._uses is None:
-            self._index_uses()
+            self.index_uses()
         return self._uses  # type: ignore[return-value]
 
     @property
     def users(self) -> list[int]:
         """Per buffer, how many nodes use it."""
         if self._users is None:
-            self._index_uses()
+            self.index_uses()
         return self._users  # type: ignore[return-value]
 
     def curve(self, order: Sequence[int]) -> list[int]:
@@ -130,10 +148,19 @@ class MemoryModel:
         for p, i in enumerate(order):
             pos[i] = p
         last = [-1] * n
-        for u, r in self.user_pairs():
-            pu = pos[u]
-            if pu > last[r]:
-                last[r] = pu
+        if self._uses is not None:
+            # the index holds every pair of ``user_pairs`` (once): the same last uses, found faster
+            for u, rs in enumerate(self._uses):
+                if rs:
+                    pu = pos[u]
+                    for r in rs:
+                        if pu > last[r]:
+                            last[r] = pu
+        else:
+            for u, r in self.user_pairs():
+                pu = pos[u]
+                if pu > last[r]:
+                    last[r] = pu
         alloc = self.alloc
         allocated = [0] * n  # by position
         freed = [0] * n  # by position

@@ -205,9 +205,15 @@ class StreamClock:
         self.exposed[c] += blocked
         self.exposed_total += blocked
         self.wait_blocked[w] = blocked
-        t = self._run(t + blocked, self.durations[w])
-        self.end[w] = t
-        self.now = t
+        t += blocked
+        d = self.durations[w]
+        if self.slowdown > 0.0:
+            e = self._run(t, d)
+        else:  # ``_run`` without overlap costs, inline: this runs once per node of every order simulated
+            e = t + d
+            self.busy += e - t
+        self.end[w] = e
+        self.now = e
         return blocked
 
     def run_compute(self, i: int) -> None:
@@ -215,9 +221,14 @@ class StreamClock:
         t = self.now
         self.issue[i] = t
         self.start[i] = t
-        t = self._run(t, self.durations[i])
-        self.end[i] = t
-        self.now = t
+        d = self.durations[i]
+        if self.slowdown > 0.0:
+            e = self._run(t, d)
+        else:  # ``_run`` without overlap costs, inline
+            e = t + d
+            self.busy += e - t
+        self.end[i] = e
+        self.now = e
 
     def _run(self, t: float, work: float) -> float:
         """End of ``work`` ms of compute started at ``t``, slowed while collectives are in flight."""
@@ -253,8 +264,34 @@ def simulate(
     """
     check_order(dag, order)
     dur = check_durations(dag, durations)
-    nodes = dag.nodes
     waited = wait_collectives(dag)
+    clock, compute_end, makespan = _replay(dag, order, dur, waited, overlap)
+    memory = memory_curve(dag, order, waited)
+    return Timeline(
+        order=list(order),
+        issue=clock.issue,
+        start=clock.start,
+        end=clock.end,
+        makespan=makespan,
+        compute_end=compute_end,
+        compute_busy=clock.busy,
+        compute_idle=makespan - clock.busy,
+        exposed=clock.exposed,
+        exposed_total=_exposed_total(clock),
+        wait_blocked=clock.wait_blocked,
+        comm_time=clock.comm_time,
+        memory=memory,
+        peak_memory=max(memory, default=0),
+        lower_bound=lower_bound(dag, dur),
+    )
+
+
+def _replay(
+    dag: Dag, order: Sequence[int], dur: list[float], waited: Sequence[int], overlap: OverlapCosts | None
+) -> tuple[StreamClock, float, float]:
+    """Advance a ``StreamClock`` through ``order`` (already checked); returns it, the compute stream's end and
+    the makespan."""
+    nodes = dag.nodes
     clock = StreamClock(dur, overlap=overlap)
     for i in order:
         node = nodes[i]
@@ -274,22 +311,20 @@ def simulate(
         if c >= 0:
             has_wait[c] = 1
     makespan = clock.finish(c for c in clock.exposed if not has_wait[c])
+    return clock, compute_end, makespan
 
-    memory = memory_curve(dag, order, waited)
-    return Timeline(
-        order=list(order),
-        issue=clock.issue,
-        start=clock.start,
-        end=clock.end,
-        makespan=makespan,
-        compute_end=compute_end,
-        compute_busy=clock.busy,
-        compute_idle=makespan - clock.busy,
-        exposed=clock.exposed,
-        exposed_total=sum(clock.exposed.values()),
-        wait_blocked=clock.wait_blocked,
-        comm_time=clock.comm_time,
-        memory=memory,
-        peak_memory=max(memory, default=0),
-        lower_bound=lower_bound(dag, dur),
-    )
+
+def _exposed_total(clock: StreamClock) -> float:
+    # summed per collective in issue order, so that every caller gets the same last digit
+    return sum(clock.exposed.values())
+
+
+def exposed_and_makespan(
+    dag: Dag, order: Sequence[int], durations: list[float], waited: Sequence[int]
+) -> tuple[float, float]:
+    """``(exposed_total, makespan)`` of ``simulate(dag, order, durations)``, equal to its figures, for a caller
+    that has already checked ``order`` and ``durations`` (``check_order``, ``check_durations``) and holds
+    ``wait_collectives(dag)``: it skips those checks and the timeline's other figures (per-node times, the
+    memory curve, the lower bound)."""
+    clock, _, makespan = _replay(dag, order, durations, waited, None)
+    return _exposed_total(clock), makespan

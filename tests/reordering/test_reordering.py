@@ -439,9 +439,11 @@ def test_hoisting_never_delays_a_tensor_parallel_collective():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(-50, 50), st.booleans()),
                 max_size=60),
-       st.lists(st.integers(-100, 100), min_size=1, max_size=40))
-def test_headroom_tree_matches_a_list(ops, values):
-    tree = HeadroomTree(list(values))
+       st.lists(st.integers(-100, 100), min_size=1, max_size=40),
+       st.integers(1, 9))
+def test_headroom_tree_matches_a_list(ops, values, block):
+    # small blocks, so that ranges inside one block, across two and over whole blocks all occur
+    tree = HeadroomTree(list(values), block=block)
     ref = list(values)
     n = len(ref)
     for lo, hi, v, is_add in ops:
