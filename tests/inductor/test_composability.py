@@ -40,7 +40,7 @@ from fsdp_passes.testing.models import build_tp_mlp, hsdp
 pytestmark = pytest.mark.usefixtures("fresh_inductor")
 
 c10d = torch.ops._c10d_functional
-AUTO = dict(bucketing="auto", memory_budget="1GB", strict=True)
+AUTO = dict(bucketing="auto", memory_budget="1GB", strict=True, cluster="cpu-gloo")
 PER_LAYER = dict(bucketing="manual", bucket_plan=["layers.[0-1]"], strict=True, memory_budget="1GB")
 
 

@@ -7,7 +7,7 @@ from fsdp_passes.testing import build_mlp, run_on_gloo
 CONFIGS = {
     "compiled": None,
     "reorder_only": {"bucketing": "none", "reorder": True},
-    "auto": {"bucketing": "auto", "reorder": True, "memory_budget": "50%"},
+    "auto": {"bucketing": "auto", "reorder": True, "memory_budget": "50%", "cluster": "cpu-gloo"},
     "manual": {"bucketing": "manual", "bucket_plan": ["layers.[0-2]"], "reorder": True, "memory_budget": "100%"},
 }
 

@@ -112,7 +112,7 @@ def test_sweep_is_not_vacuous(fake_pg, fresh_inductor, baselines):
     model = MODELS["mlp"]()
     fsdp_passes.last_reports(clear=True)
     measures = measure_compile(model, *example_inputs(model, batch=BATCH, seed=0),
-                               options=dict(bucketing="auto", memory_budget="100%"))
+                               options=dict(bucketing="auto", memory_budget="100%", cluster="cpu-gloo"))
     fx = [r for r in fsdp_passes.last_reports() if r.pass_name == "fx"]
     assert all(r.n_collectives_after < r.n_collectives_before for r in fx)
     assert any(m.peak_bytes > baselines["mlp"][m.graph_name][0] for m in measures)

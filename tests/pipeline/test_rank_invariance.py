@@ -24,7 +24,7 @@ from fsdp_passes.testing import build_llama, build_mlp, example_inputs, fake_pro
 from fsdp_passes.testing.end_to_end import measure_compile
 
 PER_BLOCK = dict(bucketing="manual", bucket_plan=["layers.[0-3]"])
-AUTO = dict(bucketing="auto")
+AUTO = dict(bucketing="auto", cluster="cpu-gloo")  # a cluster where merging pays on these small models
 NONE = dict(bucketing="none")
 
 
@@ -156,7 +156,7 @@ _CHILD = textwrap.dedent("""
     with fake_process_group(world_size=8):
         model = build_mlp(4, 64, reshard_after_forward=True)
         measures = measure_compile(model, *example_inputs(model, batch=batch, seed=0),
-                                   options=dict(bucketing="auto", memory_budget="100%", strict=True))
+                                   options=dict(bucketing="auto", memory_budget="100%", strict=True, cluster="cpu-gloo"))
     print("SEQUENCES=" + json.dumps({m.graph_name: m.sequences for m in measures}, sort_keys=True))
 """)
 
@@ -189,7 +189,7 @@ def _train_with_different_batches(rank: int, world_size: int) -> dict:
     torch._dynamo.reset()
     model = build_mlp(2, 32, reshard_after_forward=True)
     batch = (2, 5)[rank]  # every rank a different local batch
-    fsdp_passes.enable(bucketing="auto", memory_budget="100%", reorder=True, strict=True)
+    fsdp_passes.enable(bucketing="auto", memory_budget="100%", reorder=True, strict=True, cluster="cpu-gloo")
     try:
         step = torch.compile(lambda x: model(x).square().mean())
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
