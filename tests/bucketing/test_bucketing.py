@@ -211,7 +211,9 @@ def test_auto_reduces_count_and_respects_cap_and_budget(mlp_graphs):
             tight = _copy(original)
             rm = bucket_graph(tight, Options(bucketing="auto", memory_budget=budget, cluster="cpu-gloo"))
             assert all(b.extra_bytes <= budget for b in rm.buckets)
-            assert any(b.close_reason == "memory" for b in rm.buckets)
+            # the greedy planner is cut by the budget (auto may then prefer another candidate)
+            greedy = next(c for c in rm.choice.candidates if c.name == "greedy")
+            assert any(b.close_reason == "memory" for b in greedy.plan.buckets)
             assert rm.n_collectives_after > r.n_collectives_after
             # the rewritten graph's simulated peak grows by at most the budget
             assert rm.report.peak_memory_bytes_after - rm.report.peak_memory_bytes_before <= budget
