@@ -10,9 +10,16 @@ all-to-all.  Bandwidths are bus bandwidths, so for a ring
 
 and latency is a base latency plus one per-hop latency per step, intra-node and inter-node hops priced
 separately (a ring all-gather has ``n−1`` steps of which ``nodes−1`` cross the network; an all-reduce twice
-that; a tree all-reduce goes up and down ``ranks_per_node−1`` intra hops plus ``ceil(log2 nodes)`` network
+that; a ring spanning nodes pays at least ``net_overhead_us`` per step, three times that for Simple, as
+NCCL's tuner charges; a tree all-reduce goes up and down ``ranks_per_node−1`` intra hops plus ``ceil(log2 nodes)`` network
 hops).  Like NCCL's tuner, every enabled (algorithm, protocol) pair is priced and the fastest wins: Simple
-has full bandwidth, LL has lower latency and ``ll_bandwidth_fraction`` of the bandwidth.
+has full bandwidth, LL has lower latency and ``ll_bandwidth_fraction`` of the bandwidth, capped as NCCL
+caps it (``ll_max_bw_intra_gbps`` inside a node, ``ll_max_bw_inter_gbps`` across nodes).
+Two measured floors sit under NCCL's tuning latencies (which rank algorithms; the published sweeps never go
+below these floors, docs/design.md): across nodes every candidate's latency is at least
+``inter_node_latency_floor_us`` (the network's per-call latency: the transfer time adds to it), and every
+collective takes at least ``collective_floor_us`` (back-to-back calls cannot finish faster than they are
+issued: the transfer hides under it).
 
 All-to-all is modelled as concurrent pairwise exchanges: one hop of latency of each kind the group spans,
 and the slower of the NVLink share (``nbytes·(k−1)/n`` over the intra-node bus) and the network share
@@ -34,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence, Union
 
 from ..dag.graph import CollectiveOp
@@ -155,10 +162,14 @@ def _latencies(profile: ClusterProfile, protocol: str) -> tuple[float, float, fl
     )
 
 
-def _protocols(profile: ClusterProfile) -> list[tuple[str, float]]:
-    out = [("simple", 1.0)]
+def _protocols(profile: ClusterProfile, topo: GroupTopology, busbw: float) -> list[tuple[str, float]]:
+    """(protocol, its bus bandwidth) pairs that may run on the group."""
+    out = [("simple", busbw)]
     if profile.ll_bandwidth_fraction > 0 and profile.collective_library != "gloo":
-        out.append(("ll", profile.ll_bandwidth_fraction))
+        ll_bw = busbw * profile.ll_bandwidth_fraction
+        # NCCL caps LL by GPU generation inside a node and by host CPU across nodes (tuning.cc llMaxBws)
+        cap = profile.ll_max_bw_inter_gbps if topo.nodes > 1 else profile.ll_max_bw_intra_gbps
+        out.append(("ll", min(ll_bw, cap) if cap > 0 else ll_bw))
     return out
 
 
@@ -188,33 +199,47 @@ def estimate_collective(
     gloo = profile.collective_library == "gloo"
     if gloo and op is CollectiveOp.REDUCE_SCATTER:
         op = CollectiveOp.ALL_REDUCE
+    inter_floor = profile.inter_node_latency_floor_us if topo.nodes > 1 else 0.0
+
+    def lat_floor(lat_us: float) -> float:
+        return max(lat_us, inter_floor)
+
     candidates: list[CollectiveEstimate] = []
-    for proto, bw_scale in _protocols(profile):
+    for proto, bw in _protocols(profile, topo, busbw):
+        bw_scale = bw / busbw
         ring_base, tree_base, h_intra, h_inter = _latencies(profile, proto)
-        bw = busbw * bw_scale
         if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE, CollectiveOp.OTHER):
             passes = 2 if op is CollectiveOp.ALL_REDUCE else 1
             steps = passes * (n - 1)
             inter_steps = passes * (topo.nodes - 1)
-            lat = ring_base + (steps - inter_steps) * h_intra + inter_steps * h_inter
+            ring_intra = h_intra
+            if topo.nodes > 1:
+                # NCCL: a ring spanning nodes posts network work at every step (Simple: 3 posts)
+                ring_intra = max(h_intra, profile.net_overhead_us * (3 if proto == "simple" else 1))
+            lat = lat_floor(ring_base + (steps - inter_steps) * ring_intra + inter_steps * h_inter)
             wire = nbytes if op is CollectiveOp.OTHER else passes * nbytes * frac
             candidates.append(CollectiveEstimate(_ms(lat, wire, bw), "ring", proto, lat, bw))
         if op is CollectiveOp.ALL_REDUCE and not gloo:
             depth_intra = topo.max_ranks_per_node - 1
             depth_inter = math.ceil(math.log2(topo.nodes)) if topo.nodes > 1 else 0
-            lat = tree_base + 2 * (depth_intra * h_intra + depth_inter * h_inter)
+            lat = lat_floor(tree_base + 2 * (depth_intra * h_intra + depth_inter * h_inter))
             tbw = bw * profile.tree_bandwidth_fraction
             candidates.append(CollectiveEstimate(_ms(lat, 2 * nbytes, tbw), "tree", proto, lat, tbw))
         if op is CollectiveOp.ALL_TO_ALL:
             k = topo.max_ranks_per_node
-            lat = ring_base + (h_intra if k > 1 else 0.0) + (h_inter if topo.nodes > 1 else 0.0)
+            lat = lat_floor(ring_base + (h_intra if k > 1 else 0.0) + (h_inter if topo.nodes > 1 else 0.0))
             t_intra = nbytes * (k - 1) / n / (profile.intra_node_bw_gbps * bw_scale * 1e6)
             t_inter = 0.0
             if topo.nodes > 1:
                 per_rank_nic = _inter_bw(profile, topo) / k
                 t_inter = nbytes * (n - k) / n / (per_rank_nic * bw_scale * 1e6)
             candidates.append(CollectiveEstimate(lat / 1e3 + max(t_intra, t_inter), "pairwise", proto, lat, bw))
-    return min(candidates, key=lambda c: (c.ms, c.algorithm, c.protocol))
+    best = min(candidates, key=lambda c: (c.ms, c.algorithm, c.protocol))
+    floor_ms = profile.collective_floor_us / 1e3
+    if best.ms < floor_ms:
+        # back-to-back calls cannot complete faster than they are issued; the transfer hides under the floor
+        best = replace(best, ms=floor_ms)
+    return best
 
 
 def collective_ms(

@@ -13,6 +13,13 @@ Conventions (see each shipped JSON's ``description`` for its sources):
   *LL* (low latency, ``ll_bandwidth_fraction`` of the bandwidth; 0 disables it, e.g. for gloo).  Each
   algorithm (ring, tree) has a base latency; every ring step / tree level adds a per-hop latency that
   depends on whether the hop stays inside a node or crosses the network.  LL128 and NVLS are not modelled.
+  As in NCCL, LL's bus bandwidth is also capped: ``ll_max_bw_intra_gbps`` for a group inside one node,
+  ``ll_max_bw_inter_gbps`` for a group spanning nodes (0: no cap).  ``net_overhead_us``: NCCL's host cost of
+  posting one network operation; a ring spanning nodes pays at least that per step (Simple three times).
+* Floors measured by nccl-tests (wall time over back-to-back calls), 0 for none: ``collective_floor_us``, the
+  shortest time of one call, ``max(floor, latency + size / bandwidth)`` (the transfer hides under it);
+  ``inter_node_latency_floor_us``, the smallest latency of a collective spanning nodes,
+  ``max(floor, latency) + size / bandwidth`` (the transfer adds to it).
 * Compute: dense peak TFLOP/s per dtype, memory bandwidth in GB/s and a fixed per-kernel overhead in µs.
 * ``collective_library`` says which algorithms run: ``"nccl"`` (ring / tree, LL / Simple, the fastest wins)
   or ``"gloo"`` (ring only; gloo's tensor reduce-scatter runs a full ring all-reduce and keeps one chunk).
@@ -69,6 +76,11 @@ class ClusterProfile:
     collective_library: str = "nccl"
     collective_issue_us: float = 0.0
     compute_slowdown_during_comm: float = 0.0
+    ll_max_bw_intra_gbps: float = 0.0
+    ll_max_bw_inter_gbps: float = 0.0
+    collective_floor_us: float = 0.0
+    inter_node_latency_floor_us: float = 0.0
+    net_overhead_us: float = 0.0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -85,7 +97,15 @@ class ClusterProfile:
 _INT_FIELDS = ("gpus_per_node", "nics_per_node")
 _FRACTION_FIELDS = ("ll_bandwidth_fraction", "tree_bandwidth_fraction")
 _STR_FIELDS = ("name", "description", "collective_library")
-_NON_NEGATIVE_FIELDS = ("collective_issue_us", "compute_slowdown_during_comm")
+_NON_NEGATIVE_FIELDS = (
+    "collective_issue_us",
+    "compute_slowdown_during_comm",
+    "ll_max_bw_intra_gbps",
+    "ll_max_bw_inter_gbps",
+    "collective_floor_us",
+    "inter_node_latency_floor_us",
+    "net_overhead_us",
+)
 COLLECTIVE_LIBRARIES = ("nccl", "gloo")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ClusterProfile))
 _REQUIRED = tuple(

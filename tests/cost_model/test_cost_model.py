@@ -152,8 +152,43 @@ def test_ll_protocol_wins_small_messages():
     small_msg = estimate_collective(AG, 4096, 8, h100)
     big_msg = estimate_collective(AG, 256 << 20, 8, h100)
     assert small_msg.protocol == "ll" and big_msg.protocol == "simple"
-    # LL: 6.6 + 7*0.6 = 10.8 us + 4096*7/8 / (0.25*360e9)
-    assert small_msg.ms == pytest.approx(0.0108 + 4096 * 7 / 8 / (90e9) * 1e3, rel=1e-12)
+    # without the per-call floor: LL 6.6 + 7*0.6 = 10.8 us + 4096*7/8 over min(141, 0.5*360) GB/s
+    no_floor = h100.replace(collective_floor_us=0.0)
+    e = estimate_collective(AG, 4096, 8, no_floor)
+    assert (e.protocol, e.bus_bw_gbps) == ("ll", 141.0)
+    assert e.ms == pytest.approx(0.0108 + 4096 * 7 / 8 / 141e9 * 1e3, rel=1e-12)
+    # the floor: a call takes at least collective_floor_us (45 us), whatever the protocol's latency
+    assert small_msg.ms == pytest.approx(0.045, rel=1e-12)
+    assert big_msg.ms == collective_ms(AG, 256 << 20, 8, no_floor) > 0.045
+
+
+def test_ll_bandwidth_cap_and_network_overhead_across_nodes(small):
+    p = profile_from_mapping(dict(SMALL, ll_bandwidth_fraction=0.5, ll_max_bw_intra_gbps=30.0,
+                                  ll_max_bw_inter_gbps=4.0, net_overhead_us=2.0))
+    # one node: LL bus bandwidth min(30, 0.5*100); latency 5 + 3*0.5
+    e = estimate_collective(AG, 4000, 4, p)
+    assert (e.protocol, e.bus_bw_gbps, e.latency_us) == ("ll", 30.0, 6.5)
+    # two nodes of 4 (2 NICs each, 20 GB/s): LL min(4, 0.5*20); 6 intra steps at max(0.5, 2) + 1 network step
+    e = estimate_collective(AG, 800, 8, p)
+    assert (e.protocol, e.bus_bw_gbps) == ("ll", 4.0)
+    assert e.latency_us == pytest.approx(5 + 6 * 2 + 2)
+    # Simple posts three times per step: max(1, 3*2) per intra step
+    s = estimate_collective(AG, 1 << 30, 8, p)
+    assert (s.protocol, s.latency_us) == ("simple", pytest.approx(10 + 6 * 6 + 5))
+
+
+def test_floors(small):
+    p = profile_from_mapping(dict(SMALL, collective_floor_us=30.0, inter_node_latency_floor_us=40.0))
+    # one node: 10 + 3*1 = 13 us latency; the call floor hides the transfer until latency + transfer > 30 us
+    assert collective_ms(AG, 4000, 4, p) == pytest.approx(0.030, rel=1e-12)
+    big = 4_000_000
+    assert collective_ms(AG, big, 4, p) == pytest.approx(0.013 + big * 3 / 4 / 100e9 * 1e3, rel=1e-12)
+    # two nodes: latency 10 + 6*1 + 5 = 21 us is raised to 40 us and the transfer adds to it
+    e = estimate_collective(AG, 8000, 8, p)
+    assert e.latency_us == 40.0
+    assert e.ms == pytest.approx(0.040 + 8000 * 7 / 8 / 20e9 * 1e3, rel=1e-12)
+    # a group inside one node does not pay the network's floor
+    assert estimate_collective(AG, big, 4, p).latency_us == 13.0
 
 
 def test_group_size_one_and_zero_bytes_cost_nothing(small):

@@ -51,41 +51,56 @@ def test_h100_ring_over_the_network_runs_at_the_published_per_nic_rate():
     assert bw64 == pytest.approx(min(plateau, 8 * (lo + hi) / 2), rel=0.15)
 
 
-@pytest.mark.parametrize("table", ["h100_8gpu_all_gather_sweep", "h100_8gpu_reduce_scatter_sweep"])
-def test_h100_one_node_size_sweep_in_the_bandwidth_regime(table):
-    """Within 15 % of the published sweep from 8 MiB up.  Below that the published times sit on a ~45 us floor
-    that NCCL's tuning-model latencies (ring LL 6.6 + 7 x 0.6 us, Simple 8.4 + 7 x 3.4 us) do not reach: the
-    model is 1.1-2.2x too fast at 1-4 MiB (docs/design.md lists the misses)."""
+# Rows that still miss by more than 15 %, with the measured ratio (model busbw / published busbw, which is
+# published time / model time) and why.  A listed row must still miss with that ratio (within 0.02): when the
+# model or the data change, this table and docs/design.md change with them.
+KNOWN_MISSES = {
+    ("h100_8gpu_reduce_scatter_sweep", 4 * 2**20): (
+        1.31,
+        "the published out-of-place time (59.15 us) is slower than the 8 MiB row (54.41 us) and than the same "
+        "row's in-place time in the same source (46.64 us); the all-gather at 4 MiB (47.23 us) is within 5 %",
+    ),
+}
+
+
+def _sweep_ratios(table, profile_name):
+    """(size, published time / model time) for every row of a published sweep."""
     e = ENTRIES[table]
-    h100 = load_profile("h100-nvlink")
-    checked = 0
-    for nbytes, _time_us, busbw in e["rows"]:
-        if nbytes < 8 * 2**20:
-            continue
-        assert _busbw_gbps(e["op"], nbytes, e["ranks"], h100) == pytest.approx(busbw, rel=0.15), nbytes
-        checked += 1
-    assert checked == 11
+    profile = load_profile(profile_name)
+    assert group_topology(profile, e["ranks"]).nodes == e["nodes"]
+    return [(nbytes, time_us / (collective_ms(e["op"], nbytes, e["ranks"], profile) * 1e3))
+            for nbytes, time_us, _busbw in e["rows"]]
+
+
+@pytest.mark.parametrize(
+    "table, profile_name",
+    [
+        ("h100_8gpu_all_gather_sweep", "h100-nvlink"),
+        ("h100_8gpu_reduce_scatter_sweep", "h100-nvlink"),
+        ("h200_2node_all_gather_sweep", "h200"),
+    ],
+)
+def test_every_row_of_a_published_sweep_within_15_percent(table, profile_name):
+    """Every row, small sizes included: model busbw within 15 % of the published busbw.  The busbw ratio is
+    the inverse time ratio (busbw = S / t * (n - 1) / n); the time column is used because the busbw column
+    rounds to 0.01 GB/s, two digits or fewer below 1 GB/s."""
+    e = ENTRIES[table]
+    ratios = _sweep_ratios(table, profile_name)
+    assert len(ratios) == len(e["rows"]) and ratios[0][0] <= 2**20 and ratios[-1][0] >= 2**30
+    for nbytes, ratio in ratios:
+        miss = KNOWN_MISSES.get((table, nbytes))
+        if miss is None:
+            assert ratio == pytest.approx(1.0, rel=0.15), f"{table}: {nbytes} B, model busbw / published {ratio:.3f}"
+        else:
+            assert abs(ratio - 1) > 0.15 and ratio == pytest.approx(miss[0], abs=0.02), (
+                f"{table}: {nbytes} B is listed as a miss ({miss[0]}) but the ratio is now {ratio:.3f}")
     # the rows are consistent with nccl-tests' own definition, busbw = S / t * (n - 1) / n
-    for nbytes, time_us, busbw in e["rows"]:
-        assert nbytes / (time_us * 1e3) * 7 / 8 == pytest.approx(busbw, rel=0.01)
-
-
-def test_h200_two_nodes_all_gather_sweep_in_the_bandwidth_regime():
-    """Within 15 % of a published 2-node (16-rank) all-gather sweep from 256 MiB up.  Below, the model is
-    too fast: +17-20 % at 32-128 MiB, 2-3x at <= 1 MiB, where the published times sit on a ~55 us floor
-    (docs/design.md lists the misses)."""
-    e = ENTRIES["h200_2node_all_gather_sweep"]
-    h200 = load_profile("h200")
-    assert group_topology(h200, e["ranks"]).nodes == e["nodes"]
-    checked = 0
-    for nbytes, _time_us, busbw in e["rows"]:
-        if nbytes < 256 * 2**20:
-            continue
-        # nccl-tests' busbw for all-gather: S / t * (n - 1) / n with n = 16
-        t_s = collective_ms(e["op"], nbytes, e["ranks"], h200) / 1e3
-        assert nbytes / t_s * 15 / 16 / 1e9 == pytest.approx(busbw, rel=0.15), nbytes
-        checked += 1
-    assert checked == 6
+    n = e["ranks"]
     for nbytes, time_us, busbw in e["rows"]:
         if busbw >= 1:  # the table rounds to 0.01 GB/s
-            assert nbytes / (time_us * 1e3) * 15 / 16 == pytest.approx(busbw, rel=0.02)
+            assert nbytes / (time_us * 1e3) * (n - 1) / n == pytest.approx(busbw, rel=0.02)
+
+
+def test_known_misses_name_rows_of_the_tables():
+    for (table, nbytes), (ratio, why) in KNOWN_MISSES.items():
+        assert nbytes in [row[0] for row in ENTRIES[table]["rows"]] and abs(ratio - 1) > 0.15 and why
