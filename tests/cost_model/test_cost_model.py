@@ -96,6 +96,7 @@ def test_profile_mapping_with_base_overrides():
         ({"base": "h100-nvlink", "intra_node_bw_gbps": -1}, ["intra_node_bw_gbps", "positive"]),
         ({"base": "h100-nvlink", "gpus_per_node": 2.5}, ["gpus_per_node", "integer"]),
         ({"base": "h100-nvlink", "ll_bandwidth_fraction": 2}, ["ll_bandwidth_fraction", "[0, 1]"]),
+        ({"base": "h100-nvlink", "collective_floor_us": -1}, ["collective_floor_us", "non-negative"]),
         ({"base": "h100-nvlink", "nvlink_gen": 4}, ["nvlink_gen", "expected fields"]),
         ({"base": "nope"}, ["nope", "h100-nvlink"]),
         ({"base": "h100-nvlink", "mem_bw_gbps": "fast"}, ["mem_bw_gbps", "number"]),
