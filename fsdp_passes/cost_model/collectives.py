@@ -11,15 +11,15 @@ all-to-all.  Bandwidths are bus bandwidths, so for a ring
 and latency is a base latency plus one per-hop latency per step, intra-node and inter-node hops priced
 separately (a ring all-gather has ``n−1`` steps of which ``nodes−1`` cross the network; an all-reduce twice
 that; a ring spanning nodes pays at least ``net_overhead_us`` per step, three times that for Simple, as
-NCCL's tuner charges; a tree all-reduce goes up and down ``ranks_per_node−1`` intra hops plus ``ceil(log2 nodes)`` network
-hops).  Like NCCL's tuner, every enabled (algorithm, protocol) pair is priced and the fastest wins: Simple
-has full bandwidth, LL has lower latency and ``ll_bandwidth_fraction`` of the bandwidth, capped as NCCL
-caps it (``ll_max_bw_intra_gbps`` inside a node, ``ll_max_bw_inter_gbps`` across nodes).
-Two measured floors sit under NCCL's tuning latencies (which rank algorithms; the published sweeps never go
-below these floors, docs/design.md): across nodes every candidate's latency is at least
-``inter_node_latency_floor_us`` (the network's per-call latency: the transfer time adds to it), and every
-collective takes at least ``collective_floor_us`` (back-to-back calls cannot finish faster than they are
-issued: the transfer hides under it).
+NCCL's tuner charges; a tree all-reduce goes up and down ``ranks_per_node−1`` intra hops plus
+``ceil(log2 nodes)`` network hops).  Like NCCL's tuner, every enabled (algorithm, protocol) pair is priced
+and the fastest wins: Simple has full bandwidth, LL has lower latency and ``ll_bandwidth_fraction`` of the
+bandwidth, capped as NCCL caps it (``ll_max_bw_intra_gbps`` inside a node, ``ll_max_bw_inter_gbps`` across
+nodes).  Two measured floors bound these times from below (NCCL's tuning latencies rank algorithms; the
+smallest calls of the published nccl-tests sweeps take several times as long, docs/design.md): across nodes
+every candidate's latency is at least ``inter_node_latency_floor_us`` (the network's per-call latency: the
+transfer adds to it), and every collective takes at least ``collective_floor_us`` (back-to-back calls
+cannot finish faster than they are issued: the transfer hides under it).
 
 All-to-all is modelled as concurrent pairwise exchanges: one hop of latency of each kind the group spans,
 and the slower of the NVLink share (``nbytes·(k−1)/n`` over the intra-node bus) and the network share
