@@ -44,7 +44,7 @@ import torch
 import torch.fx as fx
 
 from .from_fx import _is_view, tensor_bytes
-from .graph import Dag, DagNode, NodeKind
+from .graph import Dag, DagNode, NodeKind, OutputBuffer
 from .ops import as_int, op_base_name
 
 __all__ = ["EXTERN_OPS", "REDUCTION_OPS", "predict_kernels"]
@@ -435,6 +435,17 @@ def _topological(units: list[_Unit]) -> list[int]:
     return out
 
 
+def _kernel_name(nodes: list[DagNode], units: list[_Unit], succs: list[list[int]], members: list[int]) -> str:
+    """A predicted kernel's name: its first FX member's (a concatenation's copy of a graph input: after the
+    concatenation and the input's place in it)."""
+    first = min(members, key=lambda v: units[v].pos)
+    fx_members = [i for v in sorted(members, key=lambda v: units[v].pos) for i in units[v].members]
+    if fx_members:
+        return nodes[fx_members[0]].name
+    cat = next(s for s in succs[first] if units[s].kind is _NOP)
+    return f"{nodes[units[cat].members[0]].name}_copy{units[cat].preds.index(first)}"
+
+
 def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
               group_members: dict[int, list[int]]) -> Dag:
     nodes = dag.nodes
@@ -451,6 +462,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     if len(order) != len(roots):
         raise ValueError("predict_kernels: the predicted kernels depend on each other in a cycle")
     new_id = {r: k for k, r in enumerate(order)}
+    kernel_name = {r: _kernel_name(nodes, units, succs, group_members[r]) for r in order}
 
     out_nodes: list[DagNode] = []
     for r in order:
@@ -488,24 +500,32 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         out_bytes = 0
         written = 0
         graph_output_bytes = 0
+        buffers: list[OutputBuffer] = []
         for v in members:
             u = units[v]
-            written += u.writes_into
-            outside = any(groups.find(s) != r for s in succs[v]) or u.graph_output
-            if u.members and outside:
+            readers = {groups.find(s) for s in succs[v]} - {r}
+            if u.writes_into:  # into its slice of a concatenation's buffer, read by the concatenation
+                written += u.writes_into
+                buffers.append(OutputBuffer(u.writes_into, tuple(sorted(kernel_name[g] for g in readers)),
+                                            allocated=False))
+                continue
+            if u.members and (readers or u.graph_output):
                 out_bytes += u.out_bytes
                 graph_output_bytes += u.out_bytes if u.graph_output else 0
-                if u.output_copy and any(_reads_as_addmm(units[w], nodes) for w in succs[v]):
-                    out_bytes += u.out_bytes  # addmm's copy of its input and the returned one
+                copy_for = {g for g in readers if _reads_as_addmm(units[g], nodes)} if u.output_copy else set()
+                if copy_for:  # addmm's copy of its input and the returned one
+                    out_bytes += u.out_bytes
+                    buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in copy_for))))
+                    readers -= copy_for
+                buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in readers)),
+                                            graph_output=u.graph_output))
         is_output = any(units[v].members and units[v].graph_output for v in members)
+        name = kernel_name[r]
         if fx_members:
             src = nodes[fx_members[0]]
-            name, fqn, origin = src.name, src.module_fqn, src.origin
         else:  # a concatenation's copy of a graph input
-            cat = next(s for s in succs[members[0]] if units[s].kind is _NOP)
-            src = nodes[units[cat].members[0]]
-            name = f"{src.name}_copy{units[cat].preds.index(members[0])}"
-            fqn, origin = src.module_fqn, src.origin
+            src = nodes[units[next(s for s in succs[members[0]] if units[s].kind is _NOP)].members[0]]
+        fqn, origin = src.module_fqn, src.origin
         ops = []
         for i in fx_members:
             b = _base_op(nodes[i])[1]
@@ -518,7 +538,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
-            input_reads=input_reads,
+            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 else (),
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}

@@ -29,6 +29,23 @@ class CollectiveOp(str, enum.Enum):
     OTHER = "other"  # broadcast, send/recv, barrier, ...: never moved across, never bucketed
 
 
+@dataclass(frozen=True)
+class OutputBuffer:
+    """One of the buffers a node writes when it writes several (a fused kernel's outputs, a fallback kernel's
+    results): each lives from the node until its own last reader, not until the last reader of any of them.
+
+    ``readers``: names of the nodes that read it (successors of the node; a node that reads it through a view
+    or wait of the node counts as reading every buffer of the node).  ``allocated`` False: a buffer Inductor's
+    memory planning counts but no memory holds: one laid out inside another buffer (a concatenation's slice)
+    or read only inside the kernel that writes it.
+    """
+
+    nbytes: int
+    readers: tuple[str, ...] = ()
+    graph_output: bool = False
+    allocated: bool = True
+
+
 @dataclass
 class DagNode:
     """One node of the DAG.
@@ -74,6 +91,10 @@ class DagNode:
     # outputs and buffers the graph frees (0: all of ``out_bytes``).  Inductor frees the rest after the
     # last reader; the simulator keeps the whole buffer
     graph_output_bytes: int = 0
+    # a node writing several buffers: each one (its allocated ones sum to ``out_bytes``, the rest to
+    # ``non_owning_bytes``; the graph-output ones to ``graph_output_bytes``).  Empty: one buffer of ``out_bytes``
+    # that every successor reads
+    output_buffers: tuple[OutputBuffer, ...] = ()
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
 
@@ -281,6 +302,21 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[l
     if k != n:
         raise ValueError(f"dependency graph has a cycle through {n - k} nodes")
     return rank, False
+
+
+def buffer_readers(dag: Dag) -> list[list[tuple[OutputBuffer, list[int]]]]:
+    """Per node, each of its ``output_buffers`` with the ids of the successors that read it (empty for a node
+    with one buffer).  A reader that is not a successor is ignored: the edge is what orders the two."""
+    out: list[list[tuple[OutputBuffer, list[int]]]] = [[] for _ in dag.nodes]
+    index = dag.index
+    for i, node in enumerate(dag.nodes):
+        if not node.output_buffers:
+            continue
+        succs = set(dag.succs[i])
+        for buf in node.output_buffers:
+            ids = [index[r] for r in buf.readers if r in index]
+            out[i].append((buf, sorted({j for j in ids if j in succs})))
+    return out
 
 
 def buffer_roots(dag: Dag) -> list[int]:

@@ -15,7 +15,7 @@ import torch
 from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..dag.from_fx import UnplannableGraph
-from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
 from ..dag.ops import PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
 
 
@@ -199,6 +199,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     from torch._inductor.utils import is_collective, is_wait
 
     producer: dict[str, int] = {}
+    readers: dict[str, set[int]] = {}  # buffer name -> the nodes reading it
     nodes: list[DagNode] = []
     edges: list[tuple[int, int]] = []
     outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
@@ -229,12 +230,14 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             src = producer.get(dep.name)
             if src is not None and src != i:
                 deps.add(src)
+                readers.setdefault(dep.name, set()).add(i)
         for dep in getattr(snode, "unmet_dependencies", ()):
             if getattr(dep, "is_fake", False):
                 continue
             src = producer.get(dep.name)
             if src is not None and src != i:
                 deps.add(src)
+                readers.setdefault(dep.name, set()).add(i)
         edges.extend((src, i) for src in sorted(deps))
         if kind is NodeKind.COLLECTIVE:
             inputs = [t for t in getattr(ir_node, "inputs", ()) if hasattr(t, "layout")]
@@ -270,11 +273,36 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
+    for node, snode in zip(nodes, snodes):
+        buffers = list(snode.get_outputs())
+        if len(buffers) > 1:
+            node.output_buffers = _output_buffers(snode, buffers, readers, nodes, outputs)
+            # a buffer computed inside its kernel is neither allocated nor written to memory
+            node.out_bytes = sum(b.nbytes for b in node.output_buffers if b.allocated)
+            node.non_owning_bytes = sum(b.nbytes for b in node.output_buffers if not b.allocated)
     dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
     # was made from does
     mark_fsdp(dag, [node.kind is NodeKind.COMPUTE and _passes_through(snode) for node, snode in zip(nodes, snodes)])
     return dag
+
+
+def _output_buffers(snode: Any, buffers: list[Any], readers: dict[str, set[int]], nodes: list[DagNode],
+                    outputs: set[str]) -> tuple[OutputBuffer, ...]:
+    """Each buffer of a node writing several, with the nodes that read it.  A buffer of a fused kernel that
+    no other node reads and the graph does not return is computed inside the kernel: Inductor's memory
+    planning counts it, no memory holds it (code generation removes it)."""
+    fused = len(snode.get_nodes()) > 1
+    out = []
+    for b in buffers:
+        name = b.get_name()
+        returned = name in outputs or any(m in outputs for m in b.get_mutations())
+        read_by = tuple(nodes[j].name for j in sorted(readers.get(name, ())))
+        allocated = _allocated_bytes(b.node)
+        local = fused and not read_by and not returned
+        out.append(OutputBuffer(nbytes=_layout_bytes(b.node), readers=read_by, graph_output=returned,
+                                allocated=bool(allocated) and not local))
+    return tuple(out)
 
 
 def _origin_ops(snode: Any) -> list[str]:
