@@ -94,6 +94,9 @@ class _Unit:
     # a copying reshape returned through views: when an ``addmm`` reads it too, Inductor copies it once for
     # the addmm (in the addmm's lowering) and once for the returned value (seen on CPU; ``mm`` shares one)
     output_copy: bool = False
+    # a scatter writing into its first input, a kernel's buffer only it reads (Inductor reuses the buffer):
+    # that input's unit; the scatter allocates nothing and its readers keep the input's buffer alive
+    in_place_of: int | None = None
 
 
 def _base_op(node: DagNode) -> tuple[str, str]:
@@ -311,6 +314,12 @@ def predict_kernels(dag: Dag) -> Dag:
         for p in u.preds:
             succs[p].append(v)
     topo = _topological(units)
+    for u in units:
+        if u.kind is _EXTERN and u.members and _base_op(nodes[u.members[0]])[1] in _SCATTER_OPS and u.reads:
+            o = u.reads[0][0]
+            if (o is not None and units[o].kind is _FUSABLE and units[o].members and not units[o].graph_output
+                    and len(set(succs[o])) == 1):
+                u.in_place_of = o
 
     # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
     depth = [0] * m
@@ -472,8 +481,10 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             src = nodes[head.members[0]]
             node = DagNode(**{k: getattr(src, k) for k in src.__dataclass_fields__})
             node.input_reads = dict(src.input_reads)
-            node.is_output = head.graph_output
-            node.graph_output_bytes = node.out_bytes if head.graph_output else 0
+            if head.in_place_of is not None:  # its result lives in its input's buffer
+                node.out_bytes = 0
+            node.is_output = head.graph_output and head.in_place_of is None
+            node.graph_output_bytes = node.out_bytes if node.is_output else 0
             node.alias_of = None
             node.collective_of = None
             out_nodes.append(node)
@@ -501,15 +512,22 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         written = 0
         graph_output_bytes = 0
         buffers: list[OutputBuffer] = []
+        read_in_place = False
         for v in members:
             u = units[v]
             readers = {groups.find(s) for s in succs[v]} - {r}
+            returned = u.graph_output
+            for s in succs[v]:
+                if units[s].in_place_of == v:  # a scatter into this buffer: its readers read the buffer
+                    readers |= {groups.find(t) for t in succs[s]} - {r}
+                    returned = returned or units[s].graph_output
+                    read_in_place = True
             if u.writes_into:  # into its slice of a concatenation's buffer, read by the concatenation
                 written += u.writes_into
                 buffers.append(OutputBuffer(u.writes_into, tuple(sorted(kernel_name[g] for g in readers)),
                                             allocated=False))
                 continue
-            if u.members and (readers or u.graph_output):
+            if u.members and (readers or returned):
                 out_bytes += u.out_bytes
                 graph_output_bytes += u.out_bytes if u.graph_output else 0
                 copy_for = {g for g in readers if _reads_as_addmm(units[g], nodes)} if u.output_copy else set()
@@ -518,7 +536,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                     buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in copy_for))))
                     readers -= copy_for
                 buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in readers)),
-                                            graph_output=u.graph_output))
+                                            graph_output=returned))
         is_output = any(units[v].members and units[v].graph_output for v in members)
         name = kernel_name[r]
         if fx_members:
@@ -538,7 +556,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
-            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 else (),
+            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place else (),
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}

@@ -34,8 +34,9 @@ class OutputBuffer:
     """One of the buffers a node writes when it writes several (a fused kernel's outputs, a fallback kernel's
     results): each lives from the node until its own last reader, not until the last reader of any of them.
 
-    ``readers``: names of the nodes that read it (successors of the node; a node that reads it through a view
-    or wait of the node counts as reading every buffer of the node).  ``allocated`` False: a buffer Inductor's
+    ``readers``: names of the nodes that read it (successors of the node, or readers of the new name a later
+    node gives the buffer by writing into it; a node that reads it through a view or wait of the node counts
+    as reading every buffer of the node).  ``allocated`` False: a buffer Inductor's
     memory planning counts but no memory holds: one laid out inside another buffer (a concatenation's slice)
     or read only inside the kernel that writes it.
     """
@@ -91,9 +92,9 @@ class DagNode:
     # outputs and buffers the graph frees (0: all of ``out_bytes``).  Inductor frees the rest after the
     # last reader; the simulator keeps the whole buffer
     graph_output_bytes: int = 0
-    # a node writing several buffers: each one (its allocated ones sum to ``out_bytes``, the rest to
-    # ``non_owning_bytes``; the graph-output ones to ``graph_output_bytes``).  Empty: one buffer of ``out_bytes``
-    # that every successor reads
+    # a node writing several buffers, or one read under another name: each one (its allocated ones sum to
+    # ``out_bytes``, the rest to ``non_owning_bytes``).  Empty: one buffer of ``out_bytes`` that every
+    # successor reads
     output_buffers: tuple[OutputBuffer, ...] = ()
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
@@ -305,17 +306,14 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[l
 
 
 def buffer_readers(dag: Dag) -> list[list[tuple[OutputBuffer, list[int]]]]:
-    """Per node, each of its ``output_buffers`` with the ids of the successors that read it (empty for a node
-    with one buffer).  A reader that is not a successor is ignored: the edge is what orders the two."""
+    """Per node, each of its ``output_buffers`` with the ids of the nodes that read it (empty for a node
+    described as one buffer).  A reader comes after the node in every valid order: a successor, or a reader of
+    the new name a later node gave the buffer by writing into it; a name not in the DAG is ignored."""
     out: list[list[tuple[OutputBuffer, list[int]]]] = [[] for _ in dag.nodes]
     index = dag.index
     for i, node in enumerate(dag.nodes):
-        if not node.output_buffers:
-            continue
-        succs = set(dag.succs[i])
         for buf in node.output_buffers:
-            ids = [index[r] for r in buf.readers if r in index]
-            out[i].append((buf, sorted({j for j in ids if j in succs})))
+            out[i].append((buf, sorted({index[r] for r in buf.readers if r in index and index[r] != i})))
     return out
 
 

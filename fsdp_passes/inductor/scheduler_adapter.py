@@ -200,6 +200,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
 
     producer: dict[str, int] = {}
     readers: dict[str, set[int]] = {}  # buffer name -> the nodes reading it
+    renamed_from: dict[str, str] = {}  # a mutated buffer's new name -> the buffer it names
     nodes: list[DagNode] = []
     edges: list[tuple[int, int]] = []
     outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
@@ -216,11 +217,18 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         else:
             kind, op = NodeKind.COMPUTE, None
         buffers = list(snode.get_outputs())
-        out_bytes = sum(_allocated_bytes(b.node) for b in buffers)
+        if kind is NodeKind.COMPUTE:
+            # a kernel writing into a buffer another node allocated (an index_put_ accumulating into zeros)
+            # gives it a new name, no new memory; who reads the new name keeps the buffer alive
+            for b in buffers:
+                for m in b.get_mutations():
+                    renamed_from[b.get_name()] = renamed_from.get(m, m)
+        owned = [b for b in buffers if b.get_name() not in renamed_from]
+        out_bytes = sum(_allocated_bytes(b.node) for b in owned)
         node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
                        dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode,
                        launches_kernel=_launches_kernel(snode),
-                       non_owning_bytes=sum(_layout_bytes(b.node) for b in buffers) - out_bytes)
+                       non_owning_bytes=sum(_layout_bytes(b.node) for b in owned) - out_bytes)
         deps = set()
         for dep in snode.read_writes.reads:
             if getattr(dep, "is_fake", False):
@@ -273,10 +281,16 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
+    renamed_returned = set()
+    for new, real in renamed_from.items():  # the readers of a new name read the buffer it names
+        readers.setdefault(real, set()).update(readers.get(new, ()), [producer[new]])
+        if new in outputs:
+            renamed_returned.add(real)
     for node, snode in zip(nodes, snodes):
-        buffers = list(snode.get_outputs())
-        if len(buffers) > 1:
-            node.output_buffers = _output_buffers(snode, buffers, readers, nodes, outputs)
+        buffers = [b for b in snode.get_outputs() if b.get_name() not in renamed_from]
+        if len(buffers) > 1 or any(b.get_name() in renamed_returned or b.get_name() in renamed_from.values()
+                                   for b in buffers):
+            node.output_buffers = _output_buffers(snode, buffers, readers, nodes, outputs | renamed_returned)
             # a buffer computed inside its kernel is neither allocated nor written to memory
             node.out_bytes = sum(b.nbytes for b in node.output_buffers if b.allocated)
             node.non_owning_bytes = sum(b.nbytes for b in node.output_buffers if not b.allocated)
