@@ -23,8 +23,11 @@ DAG of the same graph gets after Inductor's fusion:
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
-outputs read outside it or returned by the graph; only those outputs are allocated, as at the scheduler
-level, where buffers exist only at fused-kernel boundaries.  A returned view is returned from the buffer it
+outputs read outside it or returned by the graph; only those outputs are allocated, each its own buffer
+(``DagNode.output_buffers``, freed after its own readers), as at the scheduler level, where buffers exist
+only at fused-kernel boundaries.  A scatter into a kernel's buffer that only it reads (an embedding
+gradient accumulated into zeros) writes in place, as Inductor does: it allocates nothing and its readers keep
+that buffer alive.  A returned view is returned from the buffer it
 resolves to here (a copying reshape's, not the gathered bucket's); a copying reshape that an ``addmm`` reads
 and the graph returns through views is written twice, once for each (as Inductor does on CPU).  Each kernel
 records the graph inputs it reads and which part of its outputs the graph returns, for

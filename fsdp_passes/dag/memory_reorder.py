@@ -19,8 +19,9 @@ Inductor judges the orders by its own estimate, which is not the simulator's, an
 
 - graph inputs it may free (a backward's saved activations; not parameters ``primals_*``, ``arg*``, random
   states or tangents) are live from the start until their last reader;
-- a buffer lives from its producer to its last reader; a collective's waits read the collective's inputs,
-  so those live until the wait; a graph output lives to the end;
+- a buffer lives from its producer to its last reader (each of a node's ``output_buffers`` to its own; one
+  no memory holds, as Inductor counts it too); a collective's waits read the collective's inputs, so those
+  live until the wait; a graph output lives to the end;
 - every collective follows the previous collective (any process group) or, when that collective's wait
   comes before it in the graph's order, that wait: Inductor orders collectives globally before fusing.
 """
