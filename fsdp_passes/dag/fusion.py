@@ -23,8 +23,11 @@ DAG of the same graph gets after Inductor's fusion:
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
-outputs read outside it or returned by the graph; only those outputs are allocated, as at the scheduler
-level, where buffers exist only at fused-kernel boundaries.  A returned view is returned from the buffer it
+outputs read outside it or returned by the graph; only those outputs are allocated, each its own buffer
+(``DagNode.output_buffers``, freed after its own readers), as at the scheduler level, where buffers exist
+only at fused-kernel boundaries.  A scatter into a kernel's buffer that only it reads (an embedding
+gradient accumulated into zeros) writes in place, as Inductor does: it allocates nothing and its readers keep
+that buffer alive.  A returned view is returned from the buffer it
 resolves to here (a copying reshape's, not the gathered bucket's); a copying reshape that an ``addmm`` reads
 and the graph returns through views is written twice, once for each (as Inductor does on CPU).  Each kernel
 records the graph inputs it reads and which part of its outputs the graph returns, for
@@ -44,7 +47,7 @@ import torch
 import torch.fx as fx
 
 from .from_fx import _is_view, tensor_bytes
-from .graph import Dag, DagNode, NodeKind
+from .graph import Dag, DagNode, NodeKind, OutputBuffer
 from .ops import as_int, op_base_name
 
 __all__ = ["EXTERN_OPS", "REDUCTION_OPS", "predict_kernels"]
@@ -94,6 +97,9 @@ class _Unit:
     # a copying reshape returned through views: when an ``addmm`` reads it too, Inductor copies it once for
     # the addmm (in the addmm's lowering) and once for the returned value (seen on CPU; ``mm`` shares one)
     output_copy: bool = False
+    # a scatter writing into its first input, a kernel's buffer only it reads (Inductor reuses the buffer):
+    # that input's unit; the scatter allocates nothing and its readers keep the input's buffer alive
+    in_place_of: int | None = None
 
 
 def _base_op(node: DagNode) -> tuple[str, str]:
@@ -311,6 +317,12 @@ def predict_kernels(dag: Dag) -> Dag:
         for p in u.preds:
             succs[p].append(v)
     topo = _topological(units)
+    for u in units:
+        if u.kind is _EXTERN and u.members and _base_op(nodes[u.members[0]])[1] in _SCATTER_OPS and u.reads:
+            o = u.reads[0][0]
+            if (o is not None and units[o].kind is _FUSABLE and units[o].members and not units[o].graph_output
+                    and len(set(succs[o])) == 1):
+                u.in_place_of = o
 
     # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
     depth = [0] * m
@@ -435,6 +447,17 @@ def _topological(units: list[_Unit]) -> list[int]:
     return out
 
 
+def _kernel_name(nodes: list[DagNode], units: list[_Unit], succs: list[list[int]], members: list[int]) -> str:
+    """A predicted kernel's name: its first FX member's (a concatenation's copy of a graph input: after the
+    concatenation and the input's place in it)."""
+    first = min(members, key=lambda v: units[v].pos)
+    fx_members = [i for v in sorted(members, key=lambda v: units[v].pos) for i in units[v].members]
+    if fx_members:
+        return nodes[fx_members[0]].name
+    cat = next(s for s in succs[first] if units[s].kind is _NOP)
+    return f"{nodes[units[cat].members[0]].name}_copy{units[cat].preds.index(first)}"
+
+
 def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
               group_members: dict[int, list[int]]) -> Dag:
     nodes = dag.nodes
@@ -451,6 +474,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     if len(order) != len(roots):
         raise ValueError("predict_kernels: the predicted kernels depend on each other in a cycle")
     new_id = {r: k for k, r in enumerate(order)}
+    kernel_name = {r: _kernel_name(nodes, units, succs, group_members[r]) for r in order}
 
     out_nodes: list[DagNode] = []
     for r in order:
@@ -460,8 +484,10 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             src = nodes[head.members[0]]
             node = DagNode(**{k: getattr(src, k) for k in src.__dataclass_fields__})
             node.input_reads = dict(src.input_reads)
-            node.is_output = head.graph_output
-            node.graph_output_bytes = node.out_bytes if head.graph_output else 0
+            if head.in_place_of is not None:  # its result lives in its input's buffer
+                node.out_bytes = 0
+            node.is_output = head.graph_output and head.in_place_of is None
+            node.graph_output_bytes = node.out_bytes if node.is_output else 0
             node.alias_of = None
             node.collective_of = None
             out_nodes.append(node)
@@ -488,24 +514,39 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         out_bytes = 0
         written = 0
         graph_output_bytes = 0
+        buffers: list[OutputBuffer] = []
+        read_in_place = False
         for v in members:
             u = units[v]
-            written += u.writes_into
-            outside = any(groups.find(s) != r for s in succs[v]) or u.graph_output
-            if u.members and outside:
+            readers = {groups.find(s) for s in succs[v]} - {r}
+            returned = u.graph_output
+            for s in succs[v]:
+                if units[s].in_place_of == v:  # a scatter into this buffer: its readers read the buffer
+                    readers |= {groups.find(t) for t in succs[s]} - {r}
+                    returned = returned or units[s].graph_output
+                    read_in_place = True
+            if u.writes_into:  # into its slice of a concatenation's buffer, read by the concatenation
+                written += u.writes_into
+                buffers.append(OutputBuffer(u.writes_into, tuple(sorted(kernel_name[g] for g in readers)),
+                                            allocated=False))
+                continue
+            if u.members and (readers or returned):
                 out_bytes += u.out_bytes
                 graph_output_bytes += u.out_bytes if u.graph_output else 0
-                if u.output_copy and any(_reads_as_addmm(units[w], nodes) for w in succs[v]):
-                    out_bytes += u.out_bytes  # addmm's copy of its input and the returned one
+                copy_for = {g for g in readers if _reads_as_addmm(units[g], nodes)} if u.output_copy else set()
+                if copy_for:  # addmm's copy of its input and the returned one
+                    out_bytes += u.out_bytes
+                    buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in copy_for))))
+                    readers -= copy_for
+                buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in readers)),
+                                            graph_output=returned))
         is_output = any(units[v].members and units[v].graph_output for v in members)
+        name = kernel_name[r]
         if fx_members:
             src = nodes[fx_members[0]]
-            name, fqn, origin = src.name, src.module_fqn, src.origin
         else:  # a concatenation's copy of a graph input
-            cat = next(s for s in succs[members[0]] if units[s].kind is _NOP)
-            src = nodes[units[cat].members[0]]
-            name = f"{src.name}_copy{units[cat].preds.index(members[0])}"
-            fqn, origin = src.module_fqn, src.origin
+            src = nodes[units[next(s for s in succs[members[0]] if units[s].kind is _NOP)].members[0]]
+        fqn, origin = src.module_fqn, src.origin
         ops = []
         for i in fx_members:
             b = _base_op(nodes[i])[1]
@@ -518,7 +559,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
             graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
-            input_reads=input_reads,
+            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place else (),
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}

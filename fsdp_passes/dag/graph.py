@@ -29,6 +29,24 @@ class CollectiveOp(str, enum.Enum):
     OTHER = "other"  # broadcast, send/recv, barrier, ...: never moved across, never bucketed
 
 
+@dataclass(frozen=True)
+class OutputBuffer:
+    """One of the buffers a node writes when it writes several (a fused kernel's outputs, a fallback kernel's
+    results): each lives from the node until its own last reader, not until the last reader of any of them.
+
+    ``readers``: names of the nodes that read it (successors of the node, or readers of the new name a later
+    node gives the buffer by writing into it; a node that reads it through a view or wait of the node counts
+    as reading every buffer of the node).  ``allocated`` False: a buffer Inductor's
+    memory planning counts but no memory holds: one laid out inside another buffer (a concatenation's slice)
+    or read only inside the kernel that writes it.
+    """
+
+    nbytes: int
+    readers: tuple[str, ...] = ()
+    graph_output: bool = False
+    allocated: bool = True
+
+
 @dataclass
 class DagNode:
     """One node of the DAG.
@@ -74,6 +92,10 @@ class DagNode:
     # outputs and buffers the graph frees (0: all of ``out_bytes``).  Inductor frees the rest after the
     # last reader; the simulator keeps the whole buffer
     graph_output_bytes: int = 0
+    # a node writing several buffers, or one read under another name: each one (its allocated ones sum to
+    # ``out_bytes``, the rest to ``non_owning_bytes``).  Empty: one buffer of ``out_bytes`` that every
+    # successor reads
+    output_buffers: tuple[OutputBuffer, ...] = ()
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
 
@@ -281,6 +303,18 @@ def _topological_rank(preds: list[list[int]], succs: list[list[int]]) -> tuple[l
     if k != n:
         raise ValueError(f"dependency graph has a cycle through {n - k} nodes")
     return rank, False
+
+
+def buffer_readers(dag: Dag) -> list[list[tuple[OutputBuffer, list[int]]]]:
+    """Per node, each of its ``output_buffers`` with the ids of the nodes that read it (empty for a node
+    described as one buffer).  A reader comes after the node in every valid order: a successor, or a reader of
+    the new name a later node gave the buffer by writing into it; a name not in the DAG is ignored."""
+    out: list[list[tuple[OutputBuffer, list[int]]]] = [[] for _ in dag.nodes]
+    index = dag.index
+    for i, node in enumerate(dag.nodes):
+        for buf in node.output_buffers:
+            out[i].append((buf, sorted({index[r] for r in buf.readers if r in index and index[r] != i})))
+    return out
 
 
 def buffer_roots(dag: Dag) -> list[int]:

@@ -19,8 +19,9 @@ Inductor judges the orders by its own estimate, which is not the simulator's, an
 
 - graph inputs it may free (a backward's saved activations; not parameters ``primals_*``, ``arg*``, random
   states or tangents) are live from the start until their last reader;
-- a buffer lives from its producer to its last reader; a collective's waits read the collective's inputs,
-  so those live until the wait; a graph output lives to the end;
+- a buffer lives from its producer to its last reader (each of a node's ``output_buffers`` to its own; one
+  no memory holds, as Inductor counts it too); a collective's waits read the collective's inputs, so those
+  live until the wait; a graph output lives to the end;
 - every collective follows the previous collective (any process group) or, when that collective's wait
   comes before it in the graph's order, that wait: Inductor orders collectives globally before fusing.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 import heapq
 from typing import Sequence
 
-from .graph import Dag, NodeKind, buffer_roots
+from .graph import Dag, NodeKind, buffer_readers, buffer_roots
 
 __all__ = ["NON_FREEABLE_INPUT_PREFIXES", "inductor_peak_estimate", "predict_memory_reorder"]
 
@@ -71,39 +72,64 @@ class _MemoryGraph:
                     producer.append(-1)
                     pinned.append(False)
                 buffer_size[input_ids[name]] = int(nbytes)
+        # a node writing several buffers: one buffer each (the node's own id then holds nothing), read by
+        # the successors that name it; a reader through a view or wait of the node reads all of them
+        own: list[list[int]] = [[v] for v in range(n)]
+        read_by: dict[int, dict[int, list[int]]] = {}
+        for i, bufs in enumerate(buffer_readers(dag)):
+            if not bufs or nodes[i].alias_of is not None:
+                continue
+            buffer_size[i] = 0
+            own[i] = []
+            per_reader: dict[int, list[int]] = {}
+            read_by[i] = per_reader
+            for buf, readers in bufs:
+                b = len(buffer_size)
+                own[i].append(b)
+                buffer_size.append(int(buf.nbytes))
+                producer.append(i)
+                pinned.append(bool(buf.graph_output))
+                for v in readers:
+                    per_reader.setdefault(v, []).append(b)
         # graph outputs live to the end: the whole buffer, or the graph-output part of a node's outputs
         for i, node in enumerate(nodes):
-            if not node.is_output:
+            if not node.is_output or i in read_by:
                 continue
             kept = int(node.graph_output_bytes)
             if node.alias_of is not None or not 0 < kept < buffer_size[i]:
-                pinned[root[i]] = True
+                for b in own[root[i]]:
+                    pinned[b] = True
                 continue
             buffer_size[i] -= kept
+            own[i].append(len(buffer_size))
             buffer_size.append(kept)
             producer.append(i)
             pinned.append(True)
-        self.buffer_size, self.producer, self.pinned = buffer_size, producer, pinned
+        self.buffer_size, self.producer, self.pinned, self.own = buffer_size, producer, pinned, own
 
         # which buffers each node reads: its predecessors' buffers (an alias: the buffer it lives in) and inputs
         reads: list[set[int]] = [set() for _ in range(n)]
         for v in range(n):
             for p in dag.preds[v]:
-                reads[v].add(root[p])
+                r = root[p]
+                if p == r and r in read_by:
+                    reads[v].update(read_by[r].get(v, ()))
+                else:
+                    reads[v].update(own[r])
             for name in nodes[v].input_reads:
                 if name in input_ids:
                     reads[v].add(input_ids[name])
             if nodes[v].alias_of is not None:
-                reads[v].add(root[v])
+                reads[v].update(own[root[v]])
         # a wait reads its collective's inputs too (they stay alive until it ran)
         collective_of = _waited_collectives(dag)
         for w, c in enumerate(collective_of):
             if c >= 0:
-                reads[w] |= reads[c] - {c}
+                reads[w] |= reads[c] - set(own[c])
         self.users: list[list[int]] = [[] for _ in buffer_size]
         self.reads: list[list[int]] = []
         for v in range(n):
-            reads[v].discard(v)
+            reads[v].difference_update(own[v])
             self.reads.append(sorted(reads[v]))
             for b in self.reads[v]:
                 self.users[b].append(v)
@@ -171,8 +197,9 @@ class _MemoryGraph:
             for b in self.reads[v]:
                 if unread[b] == 1:
                     frees[v] += buffer_size[b]
-            if unread[v] == 0:
-                frees[v] += buffer_size[v]
+            for b in self.own[v]:
+                if unread[b] == 0:
+                    frees[v] += buffer_size[b]
         live = sum(size for b, size in enumerate(buffer_size) if self.producer[b] < 0)
         outputs = sum(size for b, size in enumerate(buffer_size) if self.pinned[b])
         peak = max(live, outputs)

@@ -10,7 +10,9 @@ Format (``"format": "fsdp_passes.dag"``, ``"version": 1``)::
                  "reduce_op": ..., "comm_bytes": ..., "in_bytes": ..., "out_bytes": ..., "dtype": ...,
                  "flops": ..., "alias_of": ..., "collective_of": ..., "is_output": ..., "fsdp": ...,
                  "module_fqn": ..., "param_fqn": ..., "kernel_key": ..., "launches_kernel": ...,
-                 "input_reads": {name: bytes}, "non_owning_bytes": ..., "graph_output_bytes": ...},
+                 "input_reads": {name: bytes}, "non_owning_bytes": ..., "graph_output_bytes": ...,
+                 "output_buffers": [{"nbytes": ..., "readers": [node name, ...], "graph_output": ...,
+                                     "allocated": ...}, ...]},
                 ...],                                               # every DagNode field except origin
       "edges": [[src, dst], ...],                                   # node ids, Dag.edges() order
       "orders": {"before": [...], "after": [...]},                  # node ids, as run on the compute stream
@@ -30,7 +32,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
 
 FORMAT = "fsdp_passes.dag"
 VERSION = 1
@@ -60,6 +62,9 @@ def node_to_json(node: DagNode) -> dict[str, Any]:
         value = getattr(node, name)
         if isinstance(value, (NodeKind, CollectiveOp)):
             value = value.value
+        elif name == "output_buffers":
+            value = [{"nbytes": b.nbytes, "readers": list(b.readers), "graph_output": b.graph_output,
+                      "allocated": b.allocated} for b in value]
         elif isinstance(value, tuple):
             value = list(value)
         out[name] = value
@@ -83,6 +88,12 @@ def node_from_json(data: Mapping[str, Any], where: str = "node") -> DagNode:
         raise DagJsonError(f"{where}: {exc}") from None
     if values.get("group_ranks") is not None:
         values["group_ranks"] = tuple(values["group_ranks"])
+    try:
+        values["output_buffers"] = tuple(OutputBuffer(int(b["nbytes"]), tuple(b.get("readers", ())),
+                                                      bool(b.get("graph_output", False)), bool(b.get("allocated", True)))
+                                         for b in values.get("output_buffers", ()))
+    except (TypeError, KeyError) as exc:
+        raise DagJsonError(f"{where}: output_buffers must be a list of {{nbytes, readers, graph_output, allocated}}: {exc}") from None
     return DagNode(**values)
 
 

@@ -15,7 +15,7 @@ import torch
 from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..dag.from_fx import UnplannableGraph
-from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
+from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
 from ..dag.ops import PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
 
 
@@ -199,6 +199,8 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     from torch._inductor.utils import is_collective, is_wait
 
     producer: dict[str, int] = {}
+    readers: dict[str, set[int]] = {}  # buffer name -> the nodes reading it
+    renamed_from: dict[str, str] = {}  # a mutated buffer's new name -> the buffer it names
     nodes: list[DagNode] = []
     edges: list[tuple[int, int]] = []
     outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
@@ -215,11 +217,18 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         else:
             kind, op = NodeKind.COMPUTE, None
         buffers = list(snode.get_outputs())
-        out_bytes = sum(_allocated_bytes(b.node) for b in buffers)
+        if kind is NodeKind.COMPUTE:
+            # a kernel writing into a buffer another node allocated (an index_put_ accumulating into zeros)
+            # gives it a new name, no new memory; who reads the new name keeps the buffer alive
+            for b in buffers:
+                for m in b.get_mutations():
+                    renamed_from[b.get_name()] = renamed_from.get(m, m)
+        owned = [b for b in buffers if b.get_name() not in renamed_from]
+        out_bytes = sum(_allocated_bytes(b.node) for b in owned)
         node = DagNode(name=snode.get_name(), kind=kind, op=name, collective=op, out_bytes=out_bytes,
                        dtype=_dtype_name(buffers[0].node) if buffers else None, origin=snode,
                        launches_kernel=_launches_kernel(snode),
-                       non_owning_bytes=sum(_layout_bytes(b.node) for b in buffers) - out_bytes)
+                       non_owning_bytes=sum(_layout_bytes(b.node) for b in owned) - out_bytes)
         deps = set()
         for dep in snode.read_writes.reads:
             if getattr(dep, "is_fake", False):
@@ -229,12 +238,14 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             src = producer.get(dep.name)
             if src is not None and src != i:
                 deps.add(src)
+                readers.setdefault(dep.name, set()).add(i)
         for dep in getattr(snode, "unmet_dependencies", ()):
             if getattr(dep, "is_fake", False):
                 continue
             src = producer.get(dep.name)
             if src is not None and src != i:
                 deps.add(src)
+                readers.setdefault(dep.name, set()).add(i)
         edges.extend((src, i) for src in sorted(deps))
         if kind is NodeKind.COLLECTIVE:
             inputs = [t for t in getattr(ir_node, "inputs", ()) if hasattr(t, "layout")]
@@ -270,11 +281,42 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         for b in buffers:
             producer[b.get_name()] = i
         nodes.append(node)
+    renamed_returned = set()
+    for new, real in renamed_from.items():  # the readers of a new name read the buffer it names
+        readers.setdefault(real, set()).update(readers.get(new, ()), [producer[new]])
+        if new in outputs:
+            renamed_returned.add(real)
+    for node, snode in zip(nodes, snodes):
+        buffers = [b for b in snode.get_outputs() if b.get_name() not in renamed_from]
+        if len(buffers) > 1 or any(b.get_name() in renamed_returned or b.get_name() in renamed_from.values()
+                                   for b in buffers):
+            node.output_buffers = _output_buffers(snode, buffers, readers, nodes, outputs | renamed_returned)
+            # a buffer computed inside its kernel is neither allocated nor written to memory
+            node.out_bytes = sum(b.nbytes for b in node.output_buffers if b.allocated)
+            node.non_owning_bytes = sum(b.nbytes for b in node.output_buffers if not b.allocated)
     dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
     # was made from does
     mark_fsdp(dag, [node.kind is NodeKind.COMPUTE and _passes_through(snode) for node, snode in zip(nodes, snodes)])
     return dag
+
+
+def _output_buffers(snode: Any, buffers: list[Any], readers: dict[str, set[int]], nodes: list[DagNode],
+                    outputs: set[str]) -> tuple[OutputBuffer, ...]:
+    """Each buffer of a node writing several, with the nodes that read it.  A buffer of a fused kernel that
+    no other node reads and the graph does not return is computed inside the kernel: Inductor's memory
+    planning counts it, no memory holds it (code generation removes it)."""
+    fused = len(snode.get_nodes()) > 1
+    out = []
+    for b in buffers:
+        name = b.get_name()
+        returned = name in outputs or any(m in outputs for m in b.get_mutations())
+        read_by = tuple(nodes[j].name for j in sorted(readers.get(name, ())))
+        allocated = _allocated_bytes(b.node)
+        local = fused and not read_by and not returned
+        out.append(OutputBuffer(nbytes=_layout_bytes(b.node), readers=read_by, graph_output=returned,
+                                allocated=bool(allocated) and not local))
+    return tuple(out)
 
 
 def _origin_ops(snode: Any) -> list[str]:

@@ -119,7 +119,7 @@ class ListScheduler:
         self.overdue: list[int] = []  # pending waits past their original position
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
-        self.held_by_overdue = [0] * n  # per buffer: how many of its remaining users are overdue waits
+        self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -295,7 +295,7 @@ class ListScheduler:
         tree = self.tree
         limit = self.limit
         remaining = self.memory.remaining
-        alloc = self.alloc
+        buffer_bytes = self.memory.buffer_bytes
         hold_from = self.hold_from
         hold_hi = upto + 1
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
@@ -316,7 +316,7 @@ class ListScheduler:
             for r in uses[w]:
                 if remaining[r] == held[r] and r not in charged:
                     mine.append(r)
-                    nbytes += alloc[r]
+                    nbytes += buffer_bytes[r]
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)

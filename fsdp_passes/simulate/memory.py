@@ -2,11 +2,15 @@
 
 A buffer belongs to the node that allocates it (``alias_of is None``); views and waits alias it.  A buffer is
 freed right after the last node that uses it has run, where the users are the successors of the buffer's
-node and of every node aliasing it.  Two rules extend a buffer's life:
+node and of every node aliasing it.  A node writing several buffers (``DagNode.output_buffers``: a fused
+kernel's outputs) allocates each of them, and each is freed after its own last reader; one that no memory
+holds (read only inside its kernel, laid out inside another buffer) is not counted.  Two rules extend a
+buffer's life:
 
 - a collective's inputs stay alive until its wait has run, because NCCL reads them asynchronously after
   issue (until the end of the graph if nothing waits on it);
-- a graph output (``is_output`` on the node or on any alias of it) stays alive to the end.
+- a graph output (``is_output`` on the node or on any alias of it, ``graph_output`` on one of several
+  buffers) stays alive to the end.
 
 Graph inputs are not part of the DAG and so are not counted; a node kept for an input (``op ==
 "placeholder"``) allocates nothing.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, Sequence
 
-from ..dag.graph import Dag, NodeKind, buffer_roots
+from ..dag.graph import Dag, NodeKind, buffer_readers, buffer_roots
 
 _INPUT_OPS = frozenset({"placeholder"})
 
@@ -43,9 +47,11 @@ def wait_collectives(dag: Dag) -> list[int]:
 
 
 class MemoryModel:
-    """Static memory facts of a DAG under the rules above: the bytes each node allocates (``alloc``) and which
-    node uses which buffer (``user_pairs``; a buffer is named by the id of the node that allocates it).
-    ``curve`` evaluates a whole order; ``MemoryTracker`` advances one node at a time with ``uses`` / ``users``."""
+    """Static memory facts of a DAG under the rules above: the bytes each node allocates (``alloc``, by node
+    id), the buffers (``buffer_bytes``, by buffer id) and which node uses which buffer (``uses`` / ``users``).
+    Buffer ``i < n`` is the one buffer of node ``i``; a node writing several buffers (``DagNode.output_buffers``)
+    owns buffers numbered from ``n`` instead, each freed after its own last reader.  ``curve`` evaluates a
+    whole order; ``MemoryTracker`` advances one node at a time."""
 
     def __init__(self, dag: Dag, waited: Sequence[int] | None = None):
         """``waited``: ``wait_collectives(dag)``, when the caller has it already."""
@@ -54,91 +60,101 @@ class MemoryModel:
         root = buffer_roots(dag)
         if waited is None:
             waited = wait_collectives(dag)
-        alloc = [0] * n
-        pinned = bytearray(n)  # alive to the end: never freed
-        collectives: list[int] = []
+        size = [0] * n  # by buffer id
+        alloc = [0] * n  # by node id
+        owner = list(range(n))  # by buffer id: the node allocating it
+        # a node with several buffers: its allocated buffers' ids, and per reader the ones it reads
+        parts: dict[int, list[int]] = {}
+        read_by: dict[int, dict[int, list[int]]] = {}
+        pinned_parts: list[int] = []
+        for i, (node, bufs) in enumerate(zip(nodes, buffer_readers(dag))):
+            if node.alias_of is not None or node.op in _INPUT_OPS:
+                continue
+            if not bufs:
+                size[i] = alloc[i] = int(node.out_bytes)
+                continue
+            ids = parts[i] = []
+            per_reader: dict[int, list[int]] = {}
+            read_by[i] = per_reader
+            for buf, readers in bufs:
+                if not (buf.allocated and buf.nbytes):
+                    continue
+                b = len(size)
+                ids.append(b)
+                size.append(int(buf.nbytes))
+                owner.append(i)
+                alloc[i] += int(buf.nbytes)
+                if buf.graph_output:
+                    pinned_parts.append(b)
+                for v in readers:
+                    per_reader.setdefault(v, []).append(b)
+        nb = len(size)
+        pinned = bytearray(nb)  # alive to the end: never freed
+        for b in pinned_parts:
+            pinned[b] = 1
+
+        def buffers_of(r: int) -> list[int]:
+            """What a node using node ``r``'s output as a whole (its own, through a view or wait) keeps alive."""
+            return parts.get(r) or [r]
+
         for i, node in enumerate(nodes):
-            if node.alias_of is None and node.out_bytes and node.op not in _INPUT_OPS:
-                alloc[i] = int(node.out_bytes)
-            if node.is_output:
-                pinned[root[i]] = 1
-            if node.kind is NodeKind.COLLECTIVE:
-                collectives.append(i)
+            if node.is_output and not (root[i] == i and i in parts):  # a part says itself whether it is returned
+                for b in buffers_of(root[i]):
+                    pinned[b] = 1
+        # per node, the buffers it uses: its own (or those of the node it aliases) and those it reads
+        uses: list[list[int]] = []
+        preds = dag.preds
+        for v in range(n):
+            lst = list(buffers_of(root[v]))
+            for p in preds[v]:
+                r = root[p]
+                if p == r and r in read_by:
+                    lst.extend(read_by[r].get(v, ()))
+                else:
+                    lst.extend(buffers_of(r))
+            uses.append(lst)
         waits_of: dict[int, list[int]] = {}
         for w, c in enumerate(waited):
             if c >= 0:
                 waits_of.setdefault(c, []).append(w)
-        for c in collectives:
-            if c not in waits_of:
-                for p in dag.preds[c]:
-                    pinned[root[p]] = 1
+        for i, node in enumerate(nodes):
+            if node.kind is not NodeKind.COLLECTIVE:
+                continue
+            own = buffers_of(root[i])
+            inputs = [b for b in uses[i] if b not in own]
+            ws = waits_of.get(i)
+            if ws is None:
+                for b in inputs:  # read asynchronously by a collective nobody waits on: never freed
+                    pinned[b] = 1
+            else:
+                for w in ws:
+                    uses[w].extend(inputs)
+        freeable = [bool(size[b]) and not pinned[b] for b in range(nb)]
+        users = [0] * nb
+        for v, lst in enumerate(uses):
+            lst = [b for b in lst if freeable[b]]
+            if len(lst) > 1:
+                lst = sorted(set(lst))  # a node counts once per buffer it uses
+            uses[v] = lst
+            for b in lst:
+                users[b] += 1
         self.n = n
+        self.n_buffers = nb
         self.root = root
         self.alloc = alloc
-        self._freeable = [bool(alloc[r]) and not pinned[r] for r in range(n)]
-        self._waits_of = waits_of
-        self._preds = dag.preds
-        self._succs = dag.succs
-        self._uses: list[list[int]] | None = None
-        self._users: list[int] | None = None
+        self.buffer_bytes = size
+        self.owner = owner
+        self.uses = uses
+        self.users = users
 
     def user_pairs(self) -> Iterator[tuple[int, int]]:
-        """``(node, buffer)`` for every use of a buffer that can be freed: the node owning it, every node
-        aliasing it and the successors of all of those; and the waits of a collective reading it."""
-        root, freeable, succs, preds = self.root, self._freeable, self._succs, self._preds
-        for u in range(self.n):
-            r = root[u]
-            if freeable[r]:
-                yield u, r
-                for v in succs[u]:
-                    yield v, r
-        for c, ws in self._waits_of.items():
-            for p in preds[c]:
-                r = root[p]
-                if freeable[r]:
-                    for w in ws:
-                        yield w, r
+        """``(node, buffer)`` for every use of a buffer that can be freed."""
+        for u, lst in enumerate(self.uses):
+            for b in lst:
+                yield u, b
 
     def index_uses(self) -> None:
-        """Build ``uses`` / ``users`` now (once; ``MemoryTracker`` needs them, and ``curve`` is faster with them)."""
-        if self._uses is not None:
-            return
-        # the pairs of ``user_pairs``, in its order, without a generator step per pair
-        root, freeable, succs, preds = self.root, self._freeable, self._succs, self._preds
-        uses: list[list[int]] = [[] for _ in range(self.n)]
-        for u in range(self.n):
-            r = root[u]
-            if freeable[r]:
-                uses[u].append(r)
-                for v in succs[u]:
-                    uses[v].append(r)
-        for c, ws in self._waits_of.items():
-            for p in preds[c]:
-                r = root[p]
-                if freeable[r]:
-                    for w in ws:
-                        uses[w].append(r)
-        users = [0] * self.n
-        for u, lst in enumerate(uses):
-            if len(lst) > 1:
-                lst = uses[u] = sorted(set(lst))  # a node counts once per buffer it uses
-            for r in lst:
-                users[r] += 1
-        self._uses, self._users = uses, users
-
-    @property
-    def uses(self) -> list[list[int]]:
-        """Per node, the buffers it uses (ascending)."""
-        if self._uses is None:
-            self.index_uses()
-        return self._uses  # type: ignore[return-value]
-
-    @property
-    def users(self) -> list[int]:
-        """Per buffer, how many nodes use it."""
-        if self._users is None:
-            self.index_uses()
-        return self._users  # type: ignore[return-value]
+        """Kept for callers that prepared the index explicitly: ``uses`` / ``users`` are built with the model."""
 
     def curve(self, order: Sequence[int]) -> list[int]:
         """Live bytes while each position of ``order`` runs: what ``MemoryTracker.run`` returns node by node,
@@ -147,29 +163,21 @@ class MemoryModel:
         pos = [0] * n
         for p, i in enumerate(order):
             pos[i] = p
-        last = [-1] * n
-        if self._uses is not None:
-            # the index holds every pair of ``user_pairs`` (once): the same last uses, found faster
-            for u, rs in enumerate(self._uses):
-                if rs:
-                    pu = pos[u]
-                    for r in rs:
-                        if pu > last[r]:
-                            last[r] = pu
-        else:
-            for u, r in self.user_pairs():
+        last = [-1] * self.n_buffers
+        for u, rs in enumerate(self.uses):
+            if rs:
                 pu = pos[u]
-                if pu > last[r]:
-                    last[r] = pu
-        alloc = self.alloc
+                for r in rs:
+                    if pu > last[r]:
+                        last[r] = pu
         allocated = [0] * n  # by position
         freed = [0] * n  # by position
-        for i in range(n):
-            a = alloc[i]
+        owner = self.owner
+        for b, a in enumerate(self.buffer_bytes):
             if a:
-                allocated[pos[i]] = a
-                if last[i] >= 0:  # else never freed (an output, or an input of a collective nobody waits on)
-                    freed[last[i]] += a
+                allocated[pos[owner[b]]] += a
+                if last[b] >= 0:  # else never freed (an output, or an input of a collective nobody waits on)
+                    freed[last[b]] += a
         curve = [0] * n
         live = 0
         for p in range(n):
@@ -192,10 +200,11 @@ class MemoryModel:
 class MemoryTracker:
     """Live bytes of a growing order, updated per node in O(number of buffers the node uses)."""
 
-    __slots__ = ("alloc", "uses", "remaining", "live", "peak")
+    __slots__ = ("alloc", "buffer_bytes", "uses", "remaining", "live", "peak")
 
     def __init__(self, model: MemoryModel):
         self.alloc = model.alloc
+        self.buffer_bytes = model.buffer_bytes
         self.uses = model.uses
         self.remaining = list(model.users)
         self.live = 0
@@ -206,12 +215,12 @@ class MemoryTracker:
         live = self.live + self.alloc[i]
         during = live
         remaining = self.remaining
-        alloc = self.alloc
+        size = self.buffer_bytes
         for r in self.uses[i]:
             k = remaining[r] - 1
             remaining[r] = k
             if k == 0:
-                live -= alloc[r]
+                live -= size[r]
         self.live = live
         if during > self.peak:
             self.peak = during
@@ -220,11 +229,11 @@ class MemoryTracker:
     def frees_if_run(self, i: int) -> int:
         """Bytes that running ``i`` now would free (buffers whose only remaining user is ``i``)."""
         remaining = self.remaining
-        alloc = self.alloc
+        size = self.buffer_bytes
         total = 0
         for r in self.uses[i]:
             if remaining[r] == 1:
-                total += alloc[r]
+                total += size[r]
         return total
 
 

@@ -14,17 +14,29 @@ import torch
 from fsdp_passes.cost_model import CostModel
 from fsdp_passes.dag.fusion import predict_kernels
 from fsdp_passes.dag.from_fx import dag_from_fx
-from fsdp_passes.dag.memory_reorder import predict_memory_reorder
+from fsdp_passes.dag.memory_reorder import inductor_peak_estimate, predict_memory_reorder
 from fsdp_passes.simulate import simulate
 from fsdp_passes.testing import build_llama, build_mlp, capture_scheduler_nodes, example_inputs
 
 _PLANS = {"mlp": ["layers.[0-9]"], "llama": ["tok_embeddings", "layers.[0-9]", ["norm", "output"]]}
 
 
-# peaks the FX estimate misses by more than 10 %, and why (docs/design.md): the SwiGLU backward is fused into
-# one three-output kernel by Inductor, into separate kernels by the prediction, and the least-peak-first order
-# then keeps that kernel's outputs (one buffer in the DAG) alive across the backward
-_PEAK_GAPS = {("llama", False, "backward"): 0.40}
+# peaks the FX estimate misses by more than 10 %, and why (docs/design.md): Inductor fuses the Llama's backward
+# differently (the SwiGLU backward with its sigmoid into one kernel, nodes of both layers that read the same
+# buffers into one), and its least-peak-first order, run on its kernels, computes the weight gradients of both
+# layers early; the same heuristic on the predicted kernels does not
+_PEAK_GAPS = {("llama", False, "none", "backward"): 0.40, ("llama", False, "manual", "backward"): 0.40}
+
+
+def _inductors_own_peak(cap):
+    """Inductor's estimate (``torch._inductor.memory``) of the order it gave its nodes: an independent count
+    of the same buffers."""
+    from torch._inductor import memory
+    from torch._inductor.virtualized import V
+
+    with cap.graph_context():
+        freeable = memory.get_freeable_input_buf(cap.before, set(V.graph.graph_inputs))
+        return memory.estimate_peak_memory(cap.before, freeable, set(V.graph.get_output_names()))[0]
 
 
 def _estimate(dag, cost_model, order=None):
@@ -65,7 +77,10 @@ def test_fx_estimate_matches_scheduler_estimate(fake_pg, fresh_inductor, model_n
         assert _close(f_exp, s_exp), where
         # node by node the FX graph is slower: each view and elementwise op priced as a kernel of its own
         assert _estimate(unfused, cost_model)[0] - s_mk > abs(f_mk - s_mk), where
-        assert _close(f_peak, s_peak, _PEAK_GAPS.get((model_name, reshard, cap.graph_name), 0.10)), where
+        assert _close(f_peak, s_peak, _PEAK_GAPS.get((model_name, reshard, bucketing, cap.graph_name), 0.10)), where
+        # the scheduler side counts Inductor's buffers as Inductor does (each output of a fused kernel freed
+        # after its own last reader, one read only inside it at its step)
+        assert inductor_peak_estimate(sched, list(range(len(sched)))) == _inductors_own_peak(cap), where
 
 
 def test_predict_kernels_keeps_collectives_waits_and_extern_kernels(fake_pg, fresh_inductor):

@@ -30,6 +30,23 @@ def test_graph_output_part_of_a_kernel_lives_to_the_end_the_rest_is_freed():
     assert inductor_peak_estimate(dag, [0, 1, 2]) == 80
 
 
+def test_inductors_estimate_counts_each_buffer_of_a_kernel_until_its_own_reader():
+    from fsdp_passes.dag.graph import OutputBuffer
+
+    # k writes a (40 B, read by r1), b (20 B, read by r2) and t (100 B, read inside k only: Inductor counts it
+    # at k's step, then frees it); x runs between r1 and r2
+    bufs = (OutputBuffer(40, ("r1",)), OutputBuffer(20, ("r2",)), OutputBuffer(100, allocated=False))
+    nodes = [_compute("k", 60, non_owning_bytes=100, output_buffers=bufs), _compute("r1", 1), _compute("x", 30),
+             _compute("r2", 1)]
+    dag = Dag(nodes, [(0, 1), (0, 3), (1, 2)])
+    # step k: 160 (t freed after k); r1: 60 + 1; x: 20 + 1 + 30 (a freed after r1); r2: 20 + 1
+    assert inductor_peak_estimate(dag, [0, 1, 2, 3]) == 160
+    nodes[0] = _compute("k", 60, output_buffers=bufs[:2])
+    dag = Dag(nodes, [(0, 1), (0, 3), (1, 2)])
+    assert inductor_peak_estimate(dag, [0, 1, 2, 3]) == 61  # as one 60 B buffer: 91 at x
+    assert peak_memory(dag, [0, 1, 2, 3]) == 61
+
+
 def test_a_wide_fan_out_in_graph_order_is_reordered_like_inductor():
     # x (big) feeds y; four small independent producers p_i each feed a consumer c_i.  The graph order makes
     # x, then all p_i, then y: x is live while the p_i's outputs pile up.  Running each c_i right after its p_i

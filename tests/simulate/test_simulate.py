@@ -181,6 +181,26 @@ def test_memory_never_counts_a_wait_twice():
     assert memory_curve(b.dag(), [0, 1, 2]) == [32, 32, 33]
 
 
+def test_each_of_several_buffers_is_freed_after_its_own_last_reader():
+    from fsdp_passes.dag.graph import OutputBuffer
+
+    # k writes three buffers: a (40 B) read by r1, b (20 B) read by r2 (last), and t (100 B) computed inside k
+    # only (no memory holds it); r1 and r2 allocate 1 B each, r2 is returned
+    bufs = (OutputBuffer(40, ("r1",)), OutputBuffer(20, ("r2",)), OutputBuffer(100, allocated=False))
+    nodes = [DagNode("k", C, out_bytes=60, non_owning_bytes=100, output_buffers=bufs),
+             DagNode("r1", C, out_bytes=1), DagNode("x", C, out_bytes=30), DagNode("r2", C, out_bytes=1, is_output=True)]
+    dag = Dag(nodes, [(0, 1), (0, 3), (1, 2)])
+    # a is freed after r1, so x runs with b and r1's output (x reads it): 20 + 1 + 30; as one buffer, k's
+    # 60 B would live until r2 (91 at x)
+    assert memory_curve(dag, [0, 1, 2, 3]) == [60, 61, 51, 21]
+    # a buffer the graph returns stays to the end; the one nobody reads dies with its node
+    ret = (OutputBuffer(40, (), graph_output=True), OutputBuffer(20, ("r1",)))
+    nodes = [DagNode("k", C, out_bytes=60, is_output=True, graph_output_bytes=40, output_buffers=ret),
+             DagNode("r1", C, out_bytes=1), DagNode("x", C, out_bytes=30)]
+    dag = Dag(nodes, [(0, 1), (1, 2)])
+    assert memory_curve(dag, [0, 1, 2]) == [60, 61, 71]
+
+
 # -- lower bound ------------------------------------------------------------------------------------------
 def test_lower_bound_head_comm_tail_is_tight_when_the_order_hides_everything():
     b = Builder()
