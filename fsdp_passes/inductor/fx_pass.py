@@ -1,7 +1,9 @@
 """Running the bucketing rewrite inside Inductor's post-grad pass slot, safely.
 
-The rewrite mutates the graph in place; if anything fails half-way the graph is restored from a copy taken
-before, so the user's compile goes on with the graph exactly as Inductor built it.
+The rewrite mutates the graph in place; if anything fails half-way the graph is restored, so the user's compile
+goes on with the graph exactly as Inductor built it: from a copy taken right before the first merge, or, when
+nothing was merged (the pass only moved nodes, or failed before changing anything), by putting the nodes back in
+their original order.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch.fx as fx
 from ..dag.from_fx import dag_from_fx
 from ..debug.dump import write_bucketing_dump
 from ..options import Options
+from ..bucketing.placement import restore_order
 from ..pipeline import bucket_graph
 from ..pipeline.report import GraphReport, fill_schedule_numbers
 from .failure_injection import injected
@@ -45,7 +48,8 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
     """Bucket ``graph`` in place per ``options``; on failure warn and leave it unchanged (raise if strict).
     Returns the pass's report (with ``fallback`` set when the graph was left unchanged)."""
     warn_if_uneven_shards(graph)
-    snapshot = _snapshot(graph)
+    order = list(graph.nodes)
+    snapshot: list[fx.Graph] = []  # the copy taken before the first merge, if any
     start = time.perf_counter()
 
     def attempt() -> GraphReport:
@@ -54,7 +58,8 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
             first = next(n for n in graph.nodes if n.op != "placeholder")
             graph.inserting_before(first)
             raise RuntimeError("injected failure in the fx pass")
-        result = bucket_graph(graph, options, graph_name=graph_name)
+        result = bucket_graph(graph, options, graph_name=graph_name,
+                              before_merging=lambda: snapshot.append(_snapshot(graph)))
         graph.lint()
         report = result.report
         report.pass_time_s = time.perf_counter() - start
@@ -62,7 +67,10 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
         return report
 
     def fallback(reason: str) -> GraphReport:
-        _restore(graph, snapshot)
+        if snapshot:
+            _restore(graph, snapshot[0])
+        else:
+            restore_order(order)
         report = GraphReport(graph=graph_name, pass_name="fx", fallback=reason, options=options.to_json())
         _unchanged_numbers(report, graph, options)
         return report

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch.fx as fx
 
 from ..dag.from_fx import dag_from_fx
+from ..dag.gc_pause import collector_paused
 from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 from ..bucketing.manual import describe_entries, fqns_seen_hint
@@ -103,6 +104,7 @@ class BucketingResult:
         }
 
 
+@collector_paused()
 def bucket_graph(
     graph: fx.Graph | fx.GraphModule,
     options: Options | None = None,
@@ -110,6 +112,7 @@ def bucket_graph(
     *,
     param_fqns: Mapping[str, str] | None = None,
     graph_name: str = "graph",
+    before_merging: Callable[[], None] | None = None,
 ) -> BucketingResult:
     """Bucket the FSDP collectives of a post-grad FX graph in place, as ``options`` say.
 
@@ -117,6 +120,9 @@ def bucket_graph(
         ``options.cluster`` / ``options.calibration``).
     param_fqns: placeholder name -> parameter FQN, for manual plans when nodes do not record it.
     graph_name: names the graph in ``result.report``.
+    before_merging: called once, right before the first merge changes the graph's nodes (not called when
+        nothing merges); everything else the pass may do to the graph is moving nodes, which restoring the
+        node order undoes.  ``inductor.fx_pass`` copies the graph there, for its fallback.
 
     Memory: the plan's rank-invariant claim (``budget.memory_claim``) stays within ``memory_budget``; the
     claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
@@ -132,15 +138,21 @@ def bucket_graph(
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
     budget = graph_memory_budget(dag, options, param_fqns=param_fqns)
+    # the kernels of the graph as it is, predicted once for auto's score and the report (and before the rewrite
+    # changes the FX nodes the prediction reads)
+    kernels = None
+    if cost_model is not None:
+        from ..dag.fusion import predict_kernels
+
+        kernels = predict_kernels(dag)
     choice = None
     if options.bucketing == "auto":
         from .choice import choose_auto_plan
 
-        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns)
+        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns, kernels=kernels)
         plan = choice.plan
     else:
         plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
-    after = None
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "
@@ -149,17 +161,20 @@ def bucket_graph(
             stacklevel=2,
         )
     attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp)
+    if before_merging is not None and any(len(b) > 1 for b in plan.buckets):
+        before_merging()
     stats = apply_buckets(graph, dag, plan.buckets)
     used = memory_claim(plan.buckets)
+    # the DAG of the graph as it is now: the same as before when nothing was merged (the graph is untouched)
+    after = dag_from_fx(g) if stats.n_buckets else dag
     if options.reorder:
         # re-gathers ahead of the reductions before them, for reductions whose inputs fit in what is left
         others = memory_claim([b for b in plan.buckets if b.op is not CollectiveOp.REDUCE_SCATTER])
         moved_bytes: list[int] = []
-        before = dag_from_fx(g)
         stats.gathers_ahead_of_reductions = issue_gathers_before_reductions(
-            g, before, max_moved_bytes=budget.total - others, moved_bytes=moved_bytes)
+            g, after, max_moved_bytes=budget.total - others, moved_bytes=moved_bytes)
         if stats.gathers_ahead_of_reductions:
-            after = renumbered(before, g) or dag_from_fx(g)
+            after = renumbered(after, g) or dag_from_fx(g)
         used = memory_claim(plan.buckets, max(moved_bytes, default=0))
     result = BucketingResult(
         mode=options.bucketing,
@@ -177,7 +192,7 @@ def bucket_graph(
         memory_budget_bytes=budget.total,
         memory_budget_used_bytes=used,
     )
-    result.report = _report(result, dag, g, options, cost_model, graph_name, after)
+    result.report = _report(result, dag, after, options, cost_model, graph_name, kernels)
     return result
 
 
@@ -231,11 +246,12 @@ def _describe_choice(choice: AutoChoice) -> str:
     return f"auto chose {choice.chosen} of: " + "; ".join(parts)
 
 
-def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options, cost_model: CostModel | None,
-            graph_name: str, after: Dag | None = None) -> GraphReport:
+def _report(result: BucketingResult, before: Dag, after: Dag, options: Options, cost_model: CostModel | None,
+            graph_name: str, before_kernels: Dag | None = None) -> GraphReport:
     """A ``GraphReport`` (pass "fx"): counts and the memory budget always; simulated time and memory (on the
     kernels predicted from the FX graph: for information, the promise is kept at the scheduler level) with a
-    cost model."""
+    cost model.  ``before`` / ``after``: the DAGs of the graph before and after the pass (the same object when
+    it is unchanged); ``before_kernels``: ``predict_kernels(before)``, taken before the rewrite."""
     from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
 
     report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
@@ -243,8 +259,6 @@ def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options,
     report.extra["bucketing"] = result.to_json()
     report.extra["memory_budget_bytes"] = result.memory_budget_bytes
     report.extra["memory_budget_used_bytes"] = result.memory_budget_used_bytes
-    if after is None:
-        after = dag_from_fx(g) if result.merged or result.rewrite.gathers_ahead_of_reductions else before
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         from ..dag.fusion import predict_kernels
@@ -252,10 +266,13 @@ def _report(result: BucketingResult, before: Dag, g: fx.Graph, options: Options,
 
         # timed and sized as the kernels Inductor generates from the graph, in the order its peak-memory
         # reordering gives them: as the scheduler pass sees them
-        before, after = predict_kernels(before), predict_kernels(after)
-        fill_schedule_numbers(
-            report,
-            (before, predict_memory_reorder(before), cost_model.estimate(before)),
-            (after, predict_memory_reorder(after), cost_model.estimate(after)),
-        )
+        unchanged = after is before
+        before = predict_kernels(before) if before_kernels is None else before_kernels
+        timed_before = (before, predict_memory_reorder(before), cost_model.estimate(before))
+        if unchanged:
+            timed_after = timed_before
+        else:
+            after = predict_kernels(after)
+            timed_after = (after, predict_memory_reorder(after), cost_model.estimate(after))
+        fill_schedule_numbers(report, timed_before, timed_after)
     return report

@@ -140,7 +140,8 @@ class GraphStructure:
     launch_ms: float
 
     @classmethod
-    def of(cls, dag: Dag, cost_model: Any) -> "GraphStructure":
+    def of(cls, dag: Dag, cost_model: Any, kernels: Dag | None = None) -> "GraphStructure":
+        """kernels: ``predict_kernels(dag)`` if already computed (while ``dag``'s FX graph is unchanged)."""
         import torch.fx as fx
 
         from ..dag.fusion import predict_kernels
@@ -148,7 +149,7 @@ class GraphStructure:
 
         launch = float(cost_model.compute_ms(0.0, 0.0))
         per_position = [0.0] * (len(dag) + 1)
-        for kernel in predict_kernels(dag).nodes:
+        for kernel in (predict_kernels(dag) if kernels is None else kernels).nodes:
             if kernel.kind is not NodeKind.COMPUTE or not kernel.launches_kernel:
                 continue
             name = kernel.origin.name if isinstance(kernel.origin, fx.Node) else kernel.name
@@ -284,10 +285,11 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
 
 
 def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudget, *,
-                     param_fqns: Mapping[str, str] | None = None) -> AutoChoice:
+                     param_fqns: Mapping[str, str] | None = None, kernels: Dag | None = None) -> AutoChoice:
     """Build the candidates for ``dag``, score them, return the best (see the module docstring).
 
-    budget: ``memory_budget`` for this graph (``budget.graph_memory_budget``)."""
+    budget: ``memory_budget`` for this graph (``budget.graph_memory_budget``).
+    kernels: ``dag.fusion.predict_kernels(dag)`` if the caller has it (computed here otherwise)."""
     from ..bucketing.auto import plan_auto
     from ..bucketing.plan import break_cycles
 
@@ -324,7 +326,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
         fit_to_budget(dag, half_plan, budget)
         plans.append(("greedy_half_cap", half_plan, f"cap {int(cap_mb * 2**20)} B"))
 
-    structure = GraphStructure.of(dag, cost_model)
+    structure = GraphStructure.of(dag, cost_model, kernels)
     scores: list[CandidateScore] = []
     seen: dict[tuple, CandidateScore] = {}
     for index, (name, plan, note) in enumerate(plans):

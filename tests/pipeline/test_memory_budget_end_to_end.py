@@ -155,3 +155,69 @@ def test_manual_plan_over_budget_raises_when_strict(mlp_fx):
     with pytest.raises(BucketOverBudget, match="layers"):
         bucket_graph(gm, Options(bucketing="manual", bucket_plan=[["layers"]], memory_budget=0, strict=True))
     assert gm.code == code
+
+
+def test_report_before_figures_describe_the_graph_before_the_rewrite(mlp_fx):
+    """The FX report's "before" figures are those of the captured graph, simulated on its own, not of the graph
+    half rewritten by the merge."""
+    from fsdp_passes.cost_model import CostModel
+    from fsdp_passes.dag.from_fx import dag_from_fx
+    from fsdp_passes.dag.fusion import predict_kernels
+    from fsdp_passes.dag.memory_reorder import predict_memory_reorder
+    from fsdp_passes.pipeline import bucket_graph
+    from fsdp_passes.simulate import simulate
+
+    options = Options(bucketing="manual", bucket_plan=[["layers"]], memory_budget="300%")
+    r = bucket_graph(copy.deepcopy(mlp_fx.backward), options)
+    assert r.n_collectives_after < r.n_collectives_before
+    kernels = predict_kernels(dag_from_fx(copy.deepcopy(mlp_fx.backward)))
+    cost_model = CostModel.from_options(options.cluster, options.calibration)
+    untouched = simulate(kernels, predict_memory_reorder(kernels), cost_model.estimate(kernels))
+    assert r.report.peak_memory_bytes_before == untouched.peak_memory
+    assert r.report.makespan_ms_before == pytest.approx(untouched.makespan)
+    assert r.report.exposed_comm_ms_before == pytest.approx(untouched.exposed_total)
+
+
+@pytest.mark.parametrize("plan", ["merged", "moved"])
+def test_fx_pass_failure_after_changing_the_graph_restores_it(mlp_fx, monkeypatch, plan):
+    """A failure after the pass changed the graph leaves it as captured: after a merge (restored from the copy
+    taken before it) and after moves only (restored by the node order)."""
+    import importlib
+
+    from fsdp_passes.inductor.fx_pass import run_fx_pass
+
+    bucket_graph_module = importlib.import_module("fsdp_passes.pipeline.bucket_graph")  # the package exports the function
+
+    gm = copy.deepcopy(mlp_fx.backward)
+    code = gm.code
+    changed = []
+
+    def structure(graph):  # each node's op, target and arguments (other nodes by position): names aside
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        return [(n.op, str(n.target), str(torch.fx.node.map_arg((n.args, n.kwargs), position.__getitem__)))
+                for n in graph.nodes]
+
+    captured = structure(gm.graph)
+
+    def reductions(graph):
+        return sum(1 for n in graph.nodes if "reduce_scatter" in str(n.target))
+
+    n_reductions = reductions(gm.graph)
+
+    def place_then_fail(graph, *args, **kwargs):
+        moved = issue_gathers_before_reductions(graph, *args, **kwargs)
+        # what changed before the failure: gathers moved, or the collectives merged
+        changed.append(moved if plan == "moved" else reductions(gm.graph) < n_reductions)
+        raise RuntimeError("injected failure after the rewrite")
+
+    issue_gathers_before_reductions = bucket_graph_module.issue_gathers_before_reductions
+    monkeypatch.setattr(bucket_graph_module, "issue_gathers_before_reductions", place_then_fail)
+    options = (Options(bucketing="manual", bucket_plan=[["layers"]], memory_budget="300%", reorder=True)
+               if plan == "merged" else Options(bucketing="none", reorder=True))
+    with pytest.warns(RuntimeWarning, match="injected failure after the rewrite"):
+        report = run_fx_pass(gm.graph, options, "backward")
+    assert report.fallback and changed and changed[0]
+    assert structure(gm.graph) == captured
+    gm.recompile()
+    if plan == "moved":  # the same nodes, back in their order (a restored copy has nodes of new names)
+        assert gm.code == code
