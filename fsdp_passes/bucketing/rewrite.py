@@ -339,7 +339,7 @@ class _Emitter:
         else:
             with in_kernel_invocation_manager(self.mode):  # the fake values act as meta tensors
                 out = target(*vals)
-            device = _val(args[0]).device
+            device = vals[0].device
             val = type(out)(self._fake(t, device) for t in out) if isinstance(out, (list, tuple)) \
                 else self._fake(out, device)
         self._finish(node, val, made, like, role, custom)

@@ -13,10 +13,10 @@ import time
 
 import torch.fx as fx
 
+from ..bucketing.placement import restore_order
 from ..dag.from_fx import dag_from_fx
 from ..debug.dump import write_bucketing_dump
 from ..options import Options
-from ..bucketing.placement import restore_order
 from ..pipeline import bucket_graph
 from ..pipeline.report import GraphReport, fill_schedule_numbers
 from .failure_injection import injected
