@@ -1,4 +1,7 @@
-"""Bucketing: plans (manual patterns, auto), the FX rewrite, and numerics on a 2-rank gloo group."""
+"""Bucketing: plans (manual patterns, auto) and the FX rewrite.
+
+Numerics on a real gloo group (bucketed equals unbucketed bitwise): tests/inductor/test_numerics_gloo.py.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import copy
 import warnings
 from collections import Counter
 
-import numpy as np
 import pytest
 import torch
 import torch.fx as fx
@@ -403,61 +405,3 @@ def test_plan_auto_on_100k_nodes():
     plan = plan_auto(dag, cm, bucket_cap_mb=64, memory_budget_bytes=1 << 30)
     assert not plan_cycles(dag, plan.buckets)
     assert plan.n_collectives_after < plan.n_collectives_before
-
-
-# -- numerics on a 2-rank gloo group -----------------------------------------------------------------------------
-
-GLOO_LAYERS = 2  # compile time dominates: two blocks still give several buckets per graph
-
-
-def _train_step(rank: int, world_size: int) -> dict:
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    import fsdp_passes
-    from fsdp_passes.testing import build_mlp
-
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1 + rank))
-
-    def run(compile_options):
-        model = build_mlp(GLOO_LAYERS, 16, reshard_after_forward=True)
-        torch._dynamo.reset()
-        fsdp_passes.last_reports(clear=True)
-        if compile_options is None:
-            loss = model(x).square().sum()
-        elif compile_options == {}:
-            loss = torch.compile(model)(x).square().sum()
-        else:
-            with fsdp_passes.enabled(**compile_options):
-                loss = torch.compile(model)(x).square().sum()
-        loss.backward()
-        counts = [(r.n_collectives_before, r.n_collectives_after, r.fallback)
-                  for r in fsdp_passes.last_reports(clear=True) if r.pass_name == "fx"]
-        # numpy arrays travel back by value (tensors would be shared through handles of a dead process)
-        return loss.detach().numpy().copy(), [p.grad.to_local().numpy().copy() for p in model.parameters()], counts
-
-    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
-        return {
-            "eager": run(None),
-            "compiled": run({}),
-            "manual": run(dict(bucketing="manual", bucket_plan=[f"layers.[0-{GLOO_LAYERS - 1}]"], reorder=False,
-                               memory_budget="1GB", strict=True)),
-            "auto": run(dict(bucketing="auto", memory_budget="1GB", reorder=False, strict=True, cluster="cpu-gloo")),
-        }
-
-
-def test_gloo_bucketed_matches_unbucketed_bitwise():
-    from fsdp_passes.testing import run_on_gloo
-
-    results = run_on_gloo(2, _train_step, timeout=300)
-    for res in results:
-        loss, grads, _ = res["compiled"]
-        for mode in ("manual", "auto"):
-            b_loss, b_grads, counts = res[mode]
-            assert counts and all(after < before and fallback is None for before, after, fallback in counts), (mode, counts)
-            assert np.array_equal(b_loss, loss), mode
-            assert all(np.array_equal(a, b) for a, b in zip(b_grads, grads)), mode
-        e_loss, e_grads, _ = res["eager"]
-        np.testing.assert_allclose(loss, e_loss, rtol=1e-5, atol=1e-5)
-        for a, b in zip(grads, e_grads):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
