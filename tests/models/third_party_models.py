@@ -3,9 +3,9 @@
 * Hugging Face transformers GPT-2 and Qwen2 causal LMs, sharded by torchtitan's SimpleFSDP ``data_parallel``
   (parameters become ``Shard(0)`` DTensors read through a property whose getter all-gathers them; no FQN
   annotations), inside a loss module (so FQNs start with ``lm.``);
-* torchtitan's Qwen3 debug model (two of its layers, SDPA attention), through the same frontend.
+* torchtitan's Qwen3 debug model (its first layers, SDPA attention), through the same frontend.
 
-Vocabulary sizes that do not divide by the group size (251) give uneven shards.
+Two blocks (layers) by default; the per-block plans and block names below are for two.  Vocabulary sizes that do not divide by the group size (251) give uneven shards.
 """
 
 from __future__ import annotations
@@ -68,19 +68,20 @@ def _without_triton_ep_kernels() -> None:
     sys.modules[name] = module
 
 
-def build_lm(name: str, seed: int = 0) -> tuple[nn.Module, bool]:
-    """The unsharded model (random weights from ``seed``) and whether it is a transformers model."""
+def build_lm(name: str, seed: int = 0, n_layers: int = 2) -> tuple[nn.Module, bool]:
+    """The unsharded model (random weights from ``seed``, ``n_layers`` blocks) and whether it is a transformers
+    model."""
     torch.manual_seed(seed)
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=VOCAB[name], n_positions=32, n_embd=64, n_layer=2, n_head=4,
+        cfg = GPT2Config(vocab_size=VOCAB[name], n_positions=32, n_embd=64, n_layer=n_layers, n_head=4,
                          bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
         return GPT2LMHeadModel(cfg), True
     if name == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        cfg = Qwen2Config(vocab_size=VOCAB[name], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        cfg = Qwen2Config(vocab_size=VOCAB[name], hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                           bos_token_id=0, eos_token_id=0)
         return Qwen2ForCausalLM(cfg), True
@@ -90,7 +91,7 @@ def build_lm(name: str, seed: int = 0) -> tuple[nn.Module, bool]:
         from torchtitan.models.qwen3 import qwen3_configs
 
         cfg = qwen3_configs["debugmodel"](attn_backend="flex")
-        cfg.layers = cfg.layers[:2]
+        cfg.layers = cfg.layers[:n_layers]
         for layer in cfg.layers:  # causal SDPA: flex attention's block masks need more than a CPU compile
             layer.attention.inner_attention = ScaledDotProductAttention.Config()
         model = cfg.build()
@@ -100,12 +101,12 @@ def build_lm(name: str, seed: int = 0) -> tuple[nn.Module, bool]:
     raise ValueError(f"model {name!r}: expected one of {MODELS}")
 
 
-def sharded_loss_module(name: str, world_size: int, seed: int = 0) -> LossOf:
+def sharded_loss_module(name: str, world_size: int, seed: int = 0, n_layers: int = 2) -> LossOf:
     """``LossOf`` around the model sharded over the default process group by torchtitan's ``data_parallel``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel
 
-    lm, hf = build_lm(name, seed)
+    lm, hf = build_lm(name, seed, n_layers)
     mesh = init_device_mesh("cpu", (world_size,))
     return LossOf(data_parallel(lm, mesh, mode="fully_shard"), hf)
 
