@@ -7,7 +7,7 @@
 - mixed precision: bf16 parameters, fp32 gradient reduction;
 - other collectives (all-to-all, broadcast) in the graph.
 
-Structure only (a fake group moves no data); numerics are in tests/inductor/test_composability_gloo.py (HSDP, rank consistency) and tests/inductor/test_composability_gloo_more.py (TP + FSDP, mixed precision).
+Structure only (a fake group moves no data); numerics are in tests/inductor/test_composability_gloo.py (TP + FSDP), tests/frontend/test_frontend_gloo.py (HSDP) and tests/inductor/test_numerics_gloo.py (FSDP, mixed precision, rank consistency).
 """
 
 from __future__ import annotations

@@ -1,0 +1,41 @@
+"""Helpers shared by the gloo numerics tests of this folder (imported by path, like the test modules)."""
+
+from __future__ import annotations
+
+
+def fresh_compile_state() -> None:
+    import torch._dynamo
+    import torch._inductor.config as ic
+
+    ic.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    torch._dynamo.reset()
+
+
+def max_rel(got: dict, ref: dict) -> float:
+    return max(((got[p] - g).norm() / g.norm().clamp_min(1e-30)).item() for p, g in ref.items())
+
+
+def report_summary(reports: list) -> list[dict]:
+    """The plain-value parts of ``fsdp_passes.last_reports()`` the tests look at."""
+    out = []
+    for r in reports:
+        bucketing = r.extra.get("bucketing", {})
+        out.append({
+            "graph": r.graph,  # "000_fwd_frame0.0"
+            "pass": r.pass_name,
+            "before": r.n_collectives_before,
+            "after": r.n_collectives_after,
+            "fallback": r.fallback,
+            "buckets": [{k: b[k] for k in ("op", "group", "dtype", "members")} for b in bucketing.get("buckets", [])],
+            "unbucketed": dict(bucketing.get("unbucketed", {})),
+            "sequence": [c.split() for c in r.extra.get("collective_sequence", [])],  # [op, group, bytes, dtype]
+        })
+    return out
+
+
+def check_passes_ran(reports: list[dict], where: object) -> None:
+    """Both passes ran on both graphs (forward, backward) and kept what they planned (no fallback)."""
+    ran = {(r["graph"].split("_")[1], r["pass"]) for r in reports}
+    assert ran == {("fwd", "fx"), ("bwd", "fx"), ("fwd", "scheduler"), ("bwd", "scheduler")}, (where, ran)
+    assert all(r["fallback"] is None for r in reports), (where, [r["fallback"] for r in reports])
