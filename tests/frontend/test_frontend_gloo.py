@@ -2,10 +2,21 @@
 
 A small Llama with a vocabulary (67 rows) that no world size here divides, so the embedding and output
 weights are stored as padded shards.  The rank functions compare on the rank and return plain values (tensors
-do not survive the trip out of a finished spawned process).
+do not survive the trip out of a finished spawned process).  The tests share three spawned groups (see
+``gloo_runs`` at the end).
+
+Compiled code every rank can share: with the padded shards, two ranks that share one Inductor cache directory
+compile the same graphs (same FX graph cache keys, same planned collectives), and a second run in new
+processes is served from the cache and trains the same (unpadded shards of the vocabulary would have 34 and 33
+rows).
+
+bf16 parameters with fp32 reduction under the passes (bitwise equal to the compile without them):
+tests/inductor/test_numerics_gloo.py.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from fsdp_passes.testing import run_on_gloo
 
@@ -83,7 +94,53 @@ def _passes_summary(reports: list) -> dict:
             "merged": sum(r.n_collectives_before - r.n_collectives_after for r in fx)}
 
 
-def _fsdp_run(rank: int, world_size: int) -> dict:
+class _FxCacheWatch:
+    """Inductor's FX graph cache on, in ``cache_dir`` (AOTAutograd's own cache stays off, so hits are FX graph
+    hits), with the cache keys Inductor logs and its hit / miss / bypass counters, from here to ``summary``."""
+
+    def __init__(self, cache_dir: str) -> None:
+        import logging
+        import os
+        import re
+
+        import torch._inductor.config as ic
+        from torch._dynamo.utils import counters
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+        ic.fx_graph_cache = True
+        counters.clear()
+        self.keys: list[str] = []
+        keys = self.keys
+
+        class Keys(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                m = re.match(r"fx graph cache (hit|miss) for key (\S+)", record.getMessage())
+                if m:
+                    keys.append(m.group(2))
+
+        self.logger = logging.getLogger("torch._inductor.codecache")
+        self.handler = Keys(level=logging.INFO)
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(logging.INFO)
+
+    def summary(self, losses: list, reports: list) -> dict:
+        import torch._inductor.config as ic
+        from torch._dynamo.utils import counters
+
+        import fsdp_passes
+
+        self.logger.removeHandler(self.handler)
+        ic.fx_graph_cache = False
+        fsdp_passes.verify_rank_consistency()  # raises if the ranks planned different collective sequences
+        return {"losses": [loss.item() for loss in losses],
+                "hits": counters["inductor"]["fxgraph_cache_hit"],
+                "misses": counters["inductor"]["fxgraph_cache_miss"],
+                "bypasses": counters["inductor"]["fxgraph_cache_bypass"],
+                "keys": list(self.keys),
+                "fingerprints": sorted((r.graph, r.pass_name, r.collective_fingerprint) for r in reports)}
+
+
+def _fsdp_run(rank: int, world_size: int, cache_dir: str) -> dict:
     import torch
 
     import fsdp_passes
@@ -104,9 +161,13 @@ def _fsdp_run(rank: int, world_size: int) -> dict:
         fsdp_passes.last_reports(clear=True)
         if run["passes"]:
             fsdp_passes.enable(**run["passes"])
+        # the first compile goes through the FX graph cache, cold: _warm_run compiles it again from the cache
+        watch = _FxCacheWatch(cache_dir) if name == "compiled_reshard" else None
         fn = torch.compile(model, fullgraph=True) if run["compiled"] else model
         try:
-            _, opt = _train(model, fn, batches)
+            losses, opt = _train(model, fn, batches)
+            if watch:
+                out["cache_cold"] = watch.summary(losses, fsdp_passes.last_reports())
         finally:
             fsdp_passes.disable()
         # the optimizer sees the unpadded local shards: its states have their shapes
@@ -122,30 +183,30 @@ def _fsdp_run(rank: int, world_size: int) -> dict:
             "padded_params": sum(i.local_rows != i.shard_shape[0]
                                  for i in fsdp_passes.frontend.sharded_params(model).values()),
         }
-
-    # bf16 parameters, fp32 reduction: the passes change nothing in the numbers
-    results = {}
-    for with_passes in (False, True):
-        model = fsdp_passes.data_parallel(
-            build_llama(**LLAMA, fsdp=False),
-            mp_policy=fsdp_passes.MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
-        _fresh_compile_state()
-        if with_passes:
-            fsdp_passes.enable(**PASSES)
-        try:
-            losses, _ = _train(model, torch.compile(model, fullgraph=True), batches[:3])
-        finally:
-            fsdp_passes.disable()
-        results[with_passes] = (losses, {n: p.to_local().detach() for n, p in model.named_parameters()})
-    (l0, p0), (l1, p1) = results[False], results[True]
-    out["bf16"] = {"losses_bitwise": all(torch.equal(a, b) for a, b in zip(l0, l1)),
-                   "params_bitwise": all(torch.equal(p0[n], p1[n]) for n in p0),
-                   "dtypes": sorted({str(p.dtype) for p in p1.values()})}
     return out
 
 
-def test_fully_shard_trains_like_the_unsharded_model():
-    results = run_on_gloo(2, _fsdp_run, timeout=900)
+def _warm_run(rank: int, world_size: int, cache_dir: str) -> dict:
+    """``compiled_reshard`` of :func:`_fsdp_run` again, in new processes, its graphs from the shared cache."""
+    import torch
+
+    import fsdp_passes
+    from fsdp_passes.testing import build_llama
+
+    model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), reshard_after_forward=True)
+    _fresh_compile_state()
+    fsdp_passes.last_reports(clear=True)
+    fsdp_passes.enable(**PASSES)
+    watch = _FxCacheWatch(cache_dir)
+    try:
+        losses, _ = _train(model, torch.compile(model, fullgraph=True), _batches(world_size, rank))
+        return watch.summary(losses, fsdp_passes.last_reports())
+    finally:
+        fsdp_passes.disable()
+
+
+def test_fully_shard_trains_like_the_unsharded_model(gloo_runs):
+    results = gloo_runs["fsdp"]
     for rank, res in enumerate(results):
         for name in ("compiled_reshard", "eager", "compiled_keep_separate"):
             got = res[name]
@@ -160,8 +221,6 @@ def test_fully_shard_trains_like_the_unsharded_model():
         assert ag == rs
         (ag, rs), = res["compiled_keep_separate"]["rs_groups"]
         assert ag != rs
-        assert res["bf16"]["losses_bitwise"] and res["bf16"]["params_bitwise"], (rank, res["bf16"])
-        assert res["bf16"]["dtypes"] == ["torch.float32"]  # the optimizer's copy stays fp32
 
 
 def _hybrid_run(rank: int, world_size: int) -> dict:
@@ -186,13 +245,15 @@ def _hybrid_run(rank: int, world_size: int) -> dict:
             "passes": _passes_summary(reports), "placements": sorted(placements)}
 
 
-def test_hybrid_shard_on_a_2x2_mesh_trains_like_the_unsharded_model():
-    results = run_on_gloo(4, _hybrid_run, timeout=900)
+def test_hybrid_shard_on_a_2x2_mesh_trains_like_the_unsharded_model(gloo_runs):
+    results = gloo_runs["hybrid"]
     for rank, res in enumerate(results):
         assert res["max_rel"] <= 1e-5, (rank, res["max_rel"])
         assert res["padding_zero"], rank
         assert res["placements"] == ["(Replicate(), Shard(dim=0))"], res["placements"]
         assert res["passes"]["graphs"] == ["bwd", "fwd"] and not res["passes"]["fallbacks"], res["passes"]
+        # bucketing merged collectives (the shard group's gathers / reduce-scatters, the replicate all-reduces)
+        assert res["passes"]["merged"] > 0, res["passes"]
 
 
 # -- checkpoints: save on 2 ranks, load on 4 and back -------------------------------------------------------
@@ -277,15 +338,75 @@ def _checkpoint_phase(rank: int, world_size: int, folder: str, phase: str) -> di
     return out
 
 
-def test_checkpoint_save_on_2_ranks_load_on_4_and_back(tmp_path):
+def test_checkpoint_save_on_2_ranks_load_on_4_and_back(gloo_runs):
     import math
 
-    a = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "A", timeout=300)[0]
-    b = run_on_gloo(4, _checkpoint_phase, str(tmp_path), "B", timeout=300)[0]
-    c = run_on_gloo(2, _checkpoint_phase, str(tmp_path), "C", timeout=300)[0]
+    a, b, c = gloo_runs["checkpoint"]
     assert a["full_shapes_unpadded"]
     assert b["padding_zero_after_load"]
     close = lambda x, y: all(math.isclose(u, v, rel_tol=1e-5) for u, v in zip(x, y, strict=True))  # noqa: E731
     assert close(b["losses_sharded"], a["losses"][2:4]), (b, a)
     assert close(b["losses_full"], a["losses"][2:4]), (b, a)
     assert close(c["losses"], a["losses"][4:]), (c, a)
+
+
+# -- compiled code every rank can share ---------------------------------------------------------------------
+
+def test_two_ranks_share_one_cache_cold_then_warm(gloo_runs):
+    cold = [r["cache_cold"] for r in gloo_runs["fsdp"]]
+    warm = gloo_runs["cache_warm"]
+    for rank in range(2):
+        c, w = cold[rank], warm[rank]
+        assert c["bypasses"] == 0 and c["misses"] >= 2 and len(c["keys"]) >= 2, c
+        assert w["hits"] >= 2 and w["misses"] == 0, w  # forward and backward served from the shared cache
+        assert w["keys"] == c["keys"] and w["losses"] == c["losses"], (c, w)
+    # both ranks compiled the same graphs: same cache keys, same collectives planned by the passes
+    assert cold[0]["keys"] == cold[1]["keys"]
+    assert cold[0]["fingerprints"] and cold[0]["fingerprints"] == cold[1]["fingerprints"]
+
+
+# -- the spawned runs, shared by the tests above ------------------------------------------------------------
+
+def _cold_fx_cache(folder) -> str:
+    """A cache directory without FX graph / AOTAutograd entries that reuses the session's compiled C++ kernels
+    (links to every other entry of ``$TORCHINDUCTOR_CACHE_DIR``), so that "cold" costs a compile, not a
+    rebuild of every kernel."""
+    import os
+
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    cache = folder / "inductor"
+    cache.mkdir()
+    if base and os.path.isdir(base):
+        for entry in os.listdir(base):
+            if entry not in ("fxgraph", "aotautograd"):
+                os.symlink(os.path.join(base, entry), cache / entry)
+    return str(cache)
+
+
+def _two_ranks_first(rank: int, world_size: int, folder: str, cache_dir: str) -> dict:
+    return {"checkpoint": _checkpoint_phase(rank, world_size, folder, "A"),
+            "fsdp": _fsdp_run(rank, world_size, cache_dir)}
+
+
+def _four_ranks(rank: int, world_size: int, folder: str) -> dict:
+    return {"checkpoint": _checkpoint_phase(rank, world_size, folder, "B"), "hybrid": _hybrid_run(rank, world_size)}
+
+
+def _two_ranks_last(rank: int, world_size: int, folder: str, cache_dir: str) -> dict:
+    return {"checkpoint": _checkpoint_phase(rank, world_size, folder, "C"),
+            "cache_warm": _warm_run(rank, world_size, cache_dir)}
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory) -> dict:
+    """Three spawned groups (2, 4, then 2 ranks) instead of one per test and checkpoint phase: the checkpoint
+    phases A / B / C run in them in order, fully_shard (its first compile cold in a shared cache) beside A,
+    hybrid shard beside B, the warm run of that cache beside C."""
+    folder = str(tmp_path_factory.mktemp("checkpoints"))
+    cache = _cold_fx_cache(tmp_path_factory.mktemp("cache"))
+    first = run_on_gloo(2, _two_ranks_first, folder, cache, timeout=900)
+    four = run_on_gloo(4, _four_ranks, folder, timeout=900)
+    last = run_on_gloo(2, _two_ranks_last, folder, cache, timeout=900)
+    return {"fsdp": [r["fsdp"] for r in first], "hybrid": [r["hybrid"] for r in four],
+            "cache_warm": [r["cache_warm"] for r in last],
+            "checkpoint": (first[0]["checkpoint"], four[0]["checkpoint"], last[0]["checkpoint"])}
