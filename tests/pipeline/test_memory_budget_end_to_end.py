@@ -38,10 +38,10 @@ MODES = {
 
 BUDGETS = [0, "5%", "2 blocks", 100_000]
 
-# every mode x budget on the MLP; a Latin square of them on the other models (each mode and each budget once)
-SWEEP = [("mlp", mode, budget) for mode in MODES for budget in BUDGETS]
-for shift, model in enumerate(["mlp-noreshard", "mlp-bf16", "llama"], start=1):
-    SWEEP += [(model, mode, BUDGETS[(k + shift) % len(BUDGETS)]) for k, mode in enumerate(MODES)]
+# a Latin square: every (mode, budget) pair exactly once, and on every model each mode and each budget once
+SWEEP = [(model, mode, BUDGETS[(k + shift) % len(BUDGETS)])
+         for shift, model in enumerate(MODELS) for k, mode in enumerate(MODES)]
+assert len({(mode, budget) for _, mode, budget in SWEEP}) == len(MODES) * len(BUDGETS)
 
 BATCH = 8
 
