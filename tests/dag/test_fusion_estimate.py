@@ -8,6 +8,8 @@ priced by the same cost model.  The FX side is the post-grad graph that compile 
 that reordering really gave (what the scheduler pass receives).
 """
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -48,39 +50,73 @@ def _close(a, b, tol=0.10):
     return abs(a - b) <= tol * max(abs(b), 1e-9)
 
 
+@dataclass
+class _Graph:
+    """What the tests read off one captured graph, taken while its compile's process group lives."""
+
+    name: str
+    sched: object  # the DAG of Inductor's fused nodes, in the order its peak-memory reordering gave them
+    unfused: object  # the DAG of the post-grad FX graph Inductor lowered
+    own_peak: int  # Inductor's own peak estimate of that order
+    unordered: object  # the DAG of Inductor's fused nodes, in the order before its peak-memory reordering
+    before_names: list
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """``(model, reshard, bucketing) -> [_Graph]``: one capture per configuration, shared by the tests below."""
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+    from fsdp_passes.testing import fake_process_group
+
+    cache = {}
+
+    def get(model_name, reshard, bucketing):
+        key = (model_name, reshard, bucketing)
+        if key not in cache:
+            build = build_mlp if model_name == "mlp" else build_llama
+            kwargs = {"n_layers": 2, "dim": 64} if model_name == "mlp" else {}
+            options = {"bucketing": bucketing, "reorder": False}
+            if bucketing == "manual":  # the plan as written (the default budget would split its buckets)
+                options.update(bucket_plan=_PLANS[model_name], memory_budget="1GB")
+            graphs = []
+            with fake_process_group(world_size=8):
+                model = build(reshard_after_forward=reshard, param_dtype=torch.bfloat16, **kwargs)
+                for cap in capture_scheduler_nodes(model, *example_inputs(model), options=options):
+                    with cap.graph_context():
+                        sched = dag_from_scheduler_nodes(cap.before)
+                        unordered = dag_from_scheduler_nodes(
+                            sorted(cap.before, key=lambda snode: snode.mpi_node.index))
+                    graphs.append(_Graph(cap.graph_name, sched, dag_from_fx(cap.graph_lowering.module),
+                                         _inductors_own_peak(cap), unordered, cap.before_names))
+            cache[key] = graphs
+        return cache[key]
+
+    return get
+
+
 @pytest.mark.parametrize("model_name", ["mlp", "llama"])
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
 @pytest.mark.parametrize("bucketing", ["none", "manual"])
-def test_fx_estimate_matches_scheduler_estimate(fake_pg, fresh_inductor, model_name, reshard, bucketing):
-    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
-
-    build = build_mlp if model_name == "mlp" else build_llama
-    kwargs = {"n_layers": 2, "dim": 64} if model_name == "mlp" else {}
-    model = build(reshard_after_forward=reshard, param_dtype=torch.bfloat16, **kwargs)
-    options = {"bucketing": bucketing, "reorder": False}
-    if bucketing == "manual":  # the plan as written (the default budget would split its buckets)
-        options.update(bucket_plan=_PLANS[model_name], memory_budget="1GB")
-    caps = capture_scheduler_nodes(model, *example_inputs(model), options=options)
-    assert [c.graph_name for c in caps] == ["forward", "backward"]
+def test_fx_estimate_matches_scheduler_estimate(fresh_inductor, compiled, model_name, reshard, bucketing):
+    graphs = compiled(model_name, reshard, bucketing)
+    assert [g.name for g in graphs] == ["forward", "backward"]
     cost_model = CostModel.from_options("h100-nvlink")
-    for cap in caps:
-        with cap.graph_context():
-            sched = dag_from_scheduler_nodes(cap.before)
-        unfused = dag_from_fx(cap.graph_lowering.module)
+    for g in graphs:
+        sched, unfused = g.sched, g.unfused
         fused = predict_kernels(unfused)
         s_mk, s_exp, s_peak = _estimate(sched, cost_model)
         f_mk, f_exp, f_peak = _estimate(fused, cost_model, predict_memory_reorder(fused))
-        where = f"{cap.graph_name}: fx {f_mk:.4f} ms / {f_exp:.4f} ms / {f_peak} B, scheduler {s_mk:.4f} / {s_exp:.4f} / {s_peak}"
+        where = f"{g.name}: fx {f_mk:.4f} ms / {f_exp:.4f} ms / {f_peak} B, scheduler {s_mk:.4f} / {s_exp:.4f} / {s_peak}"
         # same collectives in the same order on both sides
         assert [fused[i].comm_bytes for i in fused.collectives()] == [sched[i].comm_bytes for i in sched.collectives()]
         assert _close(f_mk, s_mk), where
         assert _close(f_exp, s_exp), where
         # node by node the FX graph is slower: each view and elementwise op priced as a kernel of its own
         assert _estimate(unfused, cost_model)[0] - s_mk > abs(f_mk - s_mk), where
-        assert _close(f_peak, s_peak, _PEAK_GAPS.get((model_name, reshard, bucketing, cap.graph_name), 0.10)), where
+        assert _close(f_peak, s_peak, _PEAK_GAPS.get((model_name, reshard, bucketing, g.name), 0.10)), where
         # the scheduler side counts Inductor's buffers as Inductor does (each output of a fused kernel freed
         # after its own last reader, one read only inside it at its step)
-        assert inductor_peak_estimate(sched, list(range(len(sched)))) == _inductors_own_peak(cap), where
+        assert inductor_peak_estimate(sched, list(range(len(sched)))) == g.own_peak, where
 
 
 def test_predict_kernels_keeps_collectives_waits_and_extern_kernels(fake_pg, fresh_inductor):
@@ -102,19 +138,9 @@ def test_predict_kernels_keeps_collectives_waits_and_extern_kernels(fake_pg, fre
 
 @pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no_reshard"])
 @pytest.mark.parametrize("bucketing", ["none", "manual"])
-def test_predicted_memory_reorder_is_inductors_order(fake_pg, fresh_inductor, reshard, bucketing):
+def test_predicted_memory_reorder_is_inductors_order(fresh_inductor, compiled, reshard, bucketing):
     """On Inductor's own fused nodes, in the order they had before its peak-memory reordering (the index its
-    planning recorded), the prediction is the order Inductor generated."""
-    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
-
-    model = build_mlp(n_layers=2, dim=64, reshard_after_forward=reshard, param_dtype=torch.bfloat16)
-    options = {"bucketing": bucketing, "reorder": False}
-    if bucketing == "manual":
-        options.update(bucket_plan=_PLANS["mlp"], memory_budget="1GB")
-    caps = capture_scheduler_nodes(model, *example_inputs(model), options=options)
-    for cap in caps:
-        unordered = sorted(cap.before, key=lambda snode: snode.mpi_node.index)
-        with cap.graph_context():
-            dag = dag_from_scheduler_nodes(unordered)
-        predicted = [dag[i].name for i in predict_memory_reorder(dag)]
-        assert predicted == cap.before_names, cap.graph_name
+    planning recorded), the prediction is the order Inductor generated (the MLP's captures of the test above)."""
+    for g in compiled("mlp", reshard, bucketing):
+        predicted = [g.unordered[i].name for i in predict_memory_reorder(g.unordered)]
+        assert predicted == g.before_names, g.name
