@@ -1,4 +1,5 @@
-"""The command line as a user runs it, in subprocesses: defaults that follow the dump, closed pipes, help."""
+"""The command line as a user runs it, in subprocesses: defaults that follow the dump (compared with the same
+command given the options explicitly, run in process), closed pipes; and help."""
 
 from __future__ import annotations
 
@@ -36,13 +37,20 @@ def _rows(text: str) -> dict[str, list[str]]:
     return {ln.split()[0]: ln.split() for ln in text.splitlines() if ln[:3].isdigit()}
 
 
-def test_simulate_defaults_to_the_dumps_cluster_and_world_size(a100_dump):
+def _simulate_in_process(capsys, *args: str) -> str:
+    from fsdp_passes.__main__ import main
+
+    assert main(["simulate", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_simulate_defaults_to_the_dumps_cluster_and_world_size(a100_dump, capsys):
     default = run_cli("simulate", a100_dump, "--no-replan")
     assert default.returncode == 0, default.stderr
     assert "cluster a100 (from the dump), world size 4 (from the dump)" in default.stdout
-    on_a100 = run_cli("simulate", a100_dump, "--no-replan", "--cluster", "a100")
-    on_h100 = run_cli("simulate", a100_dump, "--no-replan", "--cluster", "h100-nvlink")
-    assert _rows(default.stdout) == _rows(on_a100.stdout) != _rows(on_h100.stdout)
+    on_a100 = _simulate_in_process(capsys, a100_dump, "--no-replan", "--cluster", "a100")
+    on_h100 = _simulate_in_process(capsys, a100_dump, "--no-replan", "--cluster", "h100-nvlink")
+    assert _rows(default.stdout) == _rows(on_a100) != _rows(on_h100)
     # and it reproduces what the compile priced (summary.json, written with the a100 profile)
     for d in load_dumps(a100_dump):
         row = _rows(default.stdout)[d.name]
@@ -65,10 +73,10 @@ def test_report_into_a_closed_pipe_ends_quietly(a100_dump):
     assert "error" not in shell.stderr and "Traceback" not in shell.stderr, shell.stderr
 
 
-def test_simulate_help_says_its_defaults_follow_the_dump():
-    simulate = run_cli("simulate", "--help")
-    text = " ".join(simulate.stdout.split())
-    assert simulate.stdout.startswith("usage: python -m fsdp_passes simulate")
+def test_simulate_help_says_its_defaults_follow_the_dump(capsys):
+    simulate = _help(["simulate"], capsys)
+    text = " ".join(simulate.split())
+    assert simulate.startswith("usage: python -m fsdp_passes simulate")
     assert "default: the cluster the dump was made with" in text
     assert "default: the world size the dump was made with" in text
 
