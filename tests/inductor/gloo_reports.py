@@ -12,6 +12,20 @@ def fresh_compile_state() -> None:
     torch._dynamo.reset()
 
 
+def compiled_with(model, options: dict | None):
+    """``torch.compile(model)`` with the passes enabled (``strict``) by ``options``, or without them (None).
+    The caller runs the step, then calls ``fsdp_passes.disable()``."""
+    import torch
+
+    import fsdp_passes
+
+    if options is None:
+        fsdp_passes.disable()
+    else:
+        fsdp_passes.enable(strict=True, **options)
+    return torch.compile(model)
+
+
 def max_rel(got: dict, ref: dict) -> float:
     return max(((got[p] - g).norm() / g.norm().clamp_min(1e-30)).item() for p, g in ref.items())
 

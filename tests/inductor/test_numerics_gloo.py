@@ -26,7 +26,7 @@ from fsdp_passes.testing import build_mlp, example_inputs, run_on_gloo
 
 # the shared helpers live beside this file (test modules are imported by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gloo_reports import check_passes_ran, fresh_compile_state, max_rel, report_summary  # noqa: E402
+from gloo_reports import check_passes_ran, compiled_with, fresh_compile_state, max_rel, report_summary  # noqa: E402
 
 CONFIGS = {
     "compiled": None,
@@ -37,31 +37,20 @@ CONFIGS = {
 
 
 def _step(rank: int, world_size: int) -> dict:
-    import torch._dynamo
-    import torch._inductor.config as ic
+    import torch
     from torch._dynamo.utils import counters
 
     import fsdp_passes
 
-    ic.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
     torch.manual_seed(1234 + rank)
     x = torch.randn(8, 32)
     out = {}
     for name in ["eager", *CONFIGS]:
         model = build_mlp(n_layers=3, dim=32, reshard_after_forward=True)
-        torch._dynamo.reset()
+        fresh_compile_state()
         counters.clear()
         fsdp_passes.last_reports(clear=True)
-        if name == "eager":
-            fn = model
-        else:
-            options = CONFIGS[name]
-            if options is None:
-                fsdp_passes.disable()
-            else:
-                fsdp_passes.enable(strict=True, **options)
-            fn = torch.compile(model)
+        fn = model if name == "eager" else compiled_with(model, CONFIGS[name])
         loss = fn(x).square().mean()
         loss.backward()
         fsdp_passes.disable()
@@ -81,9 +70,7 @@ def _step(rank: int, world_size: int) -> dict:
         got = out[name]
         summary[name] = {
             "loss_bitwise": bool(torch.equal(got["loss"], eager["loss"])),
-            "max_rel_vs_eager": max(
-                ((got["grads"][p] - g).norm() / g.norm().clamp_min(1e-30)).item() for p, g in eager["grads"].items()
-            ),
+            "max_rel_vs_eager": max_rel(got["grads"], eager["grads"]),
             "grads_bitwise_vs_compiled": all(
                 torch.equal(got["grads"][p], out["compiled"]["grads"][p]) for p in eager["grads"]
             ),
@@ -120,15 +107,7 @@ def _mp_step(rank: int, world_size: int) -> dict:
         model = build_mlp(2, 32, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         fresh_compile_state()
         fsdp_passes.last_reports(clear=True)
-        if name == "eager":
-            fn = model
-        else:
-            options = MP_CONFIGS[name]
-            if options is None:
-                fsdp_passes.disable()
-            else:
-                fsdp_passes.enable(strict=True, **options)
-            fn = torch.compile(model)
+        fn = model if name == "eager" else compiled_with(model, MP_CONFIGS[name])
         try:
             y = fn(x)
             loss = y.float().square().mean()
