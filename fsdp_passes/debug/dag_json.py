@@ -17,6 +17,7 @@ Format (``"format": "fsdp_passes.dag"``, ``"version": 1``)::
       "edges": [[src, dst], ...],                                   # node ids, Dag.edges() order
       "orders": {"before": [...], "after": [...]},                  # node ids, as run on the compute stream
       "durations_ms": [...],                                        # estimated ms per node id
+      "overlap": {"issue_ms": ..., "compute_slowdown": ...} | null,  # what overlapping cost (OverlapCosts)
       "meta": {...}                                                 # free-form (cluster, options, ...)
     }
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
+from ..simulate.timeline import OverlapCosts
 
 FORMAT = "fsdp_passes.dag"
 VERSION = 1
@@ -46,7 +48,9 @@ class DagJsonError(ValueError):
 
 @dataclass
 class DagDump:
-    """What ``dag.json`` holds: the DAG, both orders, the durations and free-form metadata."""
+    """What ``dag.json`` holds: the DAG, both orders, the durations, what overlapping cost when it was priced
+    (``simulate(dump.dag, dump.after, dump.durations, dump.overlap)`` gives the dumped figures) and free-form
+    metadata."""
 
     dag: Dag
     before: list[int]
@@ -54,6 +58,7 @@ class DagDump:
     durations: list[float]
     graph: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    overlap: OverlapCosts | None = None
 
 
 def node_to_json(node: DagNode) -> dict[str, Any]:
@@ -104,8 +109,10 @@ def dag_to_json(
     durations: Sequence[float] | None = None,
     graph: str = "",
     meta: Mapping[str, Any] | None = None,
+    overlap: OverlapCosts | None = None,
 ) -> dict[str, Any]:
-    """The ``dag.json`` document of ``dag`` (orders default to the node order, durations to zeros)."""
+    """The ``dag.json`` document of ``dag`` (orders default to the node order, durations to zeros, overlap to
+    none: free)."""
     identity = list(range(len(dag)))
     return {
         "format": FORMAT,
@@ -119,6 +126,8 @@ def dag_to_json(
         },
         "durations_ms": [float(d) for d in (durations if durations is not None else [0.0] * len(dag))],
         "resident_bytes": int(dag.resident_bytes),
+        "overlap": None if overlap is None else {"issue_ms": overlap.issue_ms,
+                                                 "compute_slowdown": overlap.compute_slowdown},
         "meta": dict(meta or {}),
     }
 
@@ -155,6 +164,15 @@ def load_dag_dump(data: Mapping[str, Any]) -> DagDump:
         isinstance(d, (int, float)) and not isinstance(d, bool) for d in durations
     ):
         raise DagJsonError(f"'durations_ms' must be a list of {n} numbers")
+    raw_overlap = data.get("overlap")
+    overlap = None
+    if raw_overlap is not None:
+        if not isinstance(raw_overlap, Mapping) or set(raw_overlap) - {"issue_ms", "compute_slowdown"}:
+            raise DagJsonError("'overlap' must be null or {\"issue_ms\": ms, \"compute_slowdown\": factor}")
+        try:
+            overlap = OverlapCosts(**{k: float(v) for k, v in raw_overlap.items()})
+        except (TypeError, ValueError) as exc:
+            raise DagJsonError(f"'overlap': {exc}") from None
     return DagDump(
         dag=dag,
         before=out_orders[0],
@@ -162,6 +180,7 @@ def load_dag_dump(data: Mapping[str, Any]) -> DagDump:
         durations=[float(d) for d in durations],
         graph=str(data.get("graph", "")),
         meta=dict(data.get("meta") or {}),
+        overlap=overlap,
     )
 
 

@@ -8,7 +8,7 @@ report's name (``000_fwd_frame0.0``: compile order first, so folders sort in com
 ``schedule_before.txt``   the order the scheduler pass received, one row per node (see ``tables``)
 ``schedule_after.txt``    the order it returned, with each node's position before the pass
 ``buckets.json``          the buckets the FX pass built (``[]`` when it built none / did not run)
-``dag.json``              the DAG, both orders and the durations, losslessly (see ``dag_json``)
+``dag.json``              the DAG, both orders, the durations and overlap costs, losslessly (``dag_json``)
 ``dag.dot``               the DAG for Graphviz
 ``trace.json``            Chrome / Perfetto trace, processes "before" and "after"
 ``summary.json``          the numbers of the graph (``GraphReport.to_json`` and more)
@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from ..dag.graph import Dag
 from ..pipeline.report import GraphReport
-from ..simulate import Timeline, chrome_trace, simulate
+from ..simulate import OverlapCosts, Timeline, chrome_trace, simulate
 from .dag_json import dag_to_json
 from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
@@ -236,16 +236,18 @@ def write_scheduler_dump(
     after_order: Sequence[int],
     timelines: tuple[Timeline, Timeline] | None = None,
     fx_report: GraphReport | None = None,
+    overlap: OverlapCosts | None = None,
 ) -> str | None:
     """Write the dump folder of one graph (see the module docstring), emit the structured-trace artifacts
     and DEBUG-log the move reasons.  ``timelines`` are (before, after) ``simulate`` results of the two
-    orders (simulated here when None); ``fx_report`` is the FX pass report of the same graph.  Returns the folder, or None without ``debug_dir`` or on failure
+    orders (simulated here when None, with ``overlap``: what overlapping costs, also written to ``dag.json``);
+    ``fx_report`` is the FX pass report of the same graph.  Returns the folder, or None without ``debug_dir`` or on failure
     (which is a warning, never an exception).
     """
     try:
         log_move_reasons(report, dag, before_order, after_order)
         if timelines is None:
-            timelines = (simulate(dag, before_order, durations), simulate(dag, after_order, durations))
+            timelines = (simulate(dag, before_order, durations, overlap), simulate(dag, after_order, durations, overlap))
         tb, ta = timelines
         summary = build_summary(report, timelines, dag, fx_report)
         before_txt = schedule_table(dag, before_order, durations, tb,
@@ -268,7 +270,8 @@ def write_scheduler_dump(
         meta = {"cluster": report.options.get("cluster"), "world_size": _world_size(dag), "options": report.options}
         _write_text(
             os.path.join(folder, "dag.json"),
-            json.dumps(dag_to_json(dag, before_order, after_order, durations, graph=report.graph, meta=meta),
+            json.dumps(dag_to_json(dag, before_order, after_order, durations, graph=report.graph, meta=meta,
+                                   overlap=overlap),
                        default=str) + "\n",
         )
         _write_text(os.path.join(folder, "dag.dot"), dag.to_dot(report.graph))

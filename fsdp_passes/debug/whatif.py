@@ -107,8 +107,9 @@ def what_if(
         dag = scale_world_size(dag, world_size, fixed)
     model = CostModel.from_options(cluster, calibration)
     durations = model.estimate(dag)
-    t_before = simulate(dag, dump.before, durations)
-    t_dumped = simulate(dag, dump.after, durations)
+    overlap = model.overlap_costs()
+    t_before = simulate(dag, dump.before, durations, overlap)
+    t_dumped = simulate(dag, dump.after, durations, overlap)
     planned = planned_exposed = None
     planner = "not run"
     if replan:
@@ -125,8 +126,8 @@ def what_if(
 
             result = plan_order(dag, durations,
                                 memory_budget_bytes=graph_memory_budget(dag, Options(memory_budget=budget)).total,
-                                max_prefetch=prefetch)
-            t_planned = simulate(dag, list(result.order), durations)
+                                max_prefetch=prefetch, overlap=overlap)
+            t_planned = simulate(dag, list(result.order), durations, overlap)
             planned, planned_exposed = t_planned.makespan, t_planned.exposed_total
             planner = "plan_order"
     return WhatIf(

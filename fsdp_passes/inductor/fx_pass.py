@@ -91,7 +91,8 @@ def _unchanged_numbers(report: GraphReport, graph: fx.Graph, options: Options) -
         if cost_model is not None:
             identity = list(range(len(dag)))
             durations = cost_model.estimate(dag)
-            fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+            fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations),
+                                  cost_model.overlap_costs())
     except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
         report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
 

@@ -38,8 +38,9 @@ def reorder_scheduler_nodes(
     dag = dag_from_scheduler_nodes(nodes)
     cost_model = cost_model or CostModel.from_options(options.cluster, options.calibration)
     durations = cost_model.estimate(dag)
+    overlap = cost_model.overlap_costs()
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
-    order = plan_graph_order(dag, durations, options, report, fx_report)
+    order = plan_graph_order(dag, durations, options, report, fx_report, overlap)
     if injected("scheduler") == "bad_order":
         order = list(reversed(order))
     problems = dag.order_violations(order)
@@ -47,10 +48,10 @@ def reorder_scheduler_nodes(
         raise InvalidOrder(f"graph {graph_name}: proposed order rejected: " + "; ".join(problems[:3]))
     if injected("scheduler") == "exception":
         raise RuntimeError("injected failure in the scheduler pass")
-    timelines = finish_graph_report(report, dag, durations, order, start)
+    timelines = finish_graph_report(report, dag, durations, order, start, overlap)
     # always: it also emits the tlparse artifacts and DEBUG move reasons; files only with a debug_dir
     write_scheduler_dump(options.debug_dir, report, dag, durations, list(range(len(dag))), order, timelines,
-                         fx_report=fx_report)
+                         fx_report=fx_report, overlap=overlap)
     return [nodes[i] for i in order], report
 
 
@@ -82,11 +83,13 @@ def unchanged_schedule_report(nodes: Sequence[Any], options: Options, graph_name
         if cost_model is not None:
             identity = list(range(len(dag)))
             durations = cost_model.estimate(dag)
-            timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations))
+            overlap = cost_model.overlap_costs()
+            timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations),
+                                              overlap)
             from ..debug import write_scheduler_dump
 
             write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
-                                 fx_report=fx_report)
+                                 fx_report=fx_report, overlap=overlap)
         else:
             report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
     except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown

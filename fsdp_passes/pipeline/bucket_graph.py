@@ -274,5 +274,5 @@ def _report(result: BucketingResult, before: Dag, after: Dag, options: Options, 
         else:
             after = predict_kernels(after)
             timed_after = (after, predict_memory_reorder(after), cost_model.estimate(after))
-        fill_schedule_numbers(report, timed_before, timed_after)
+        fill_schedule_numbers(report, timed_before, timed_after, cost_model.overlap_costs())
     return report

@@ -29,7 +29,9 @@ between two collectives is the larger of
 and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
 before the issue and each member copied out before its use; a reduction: each member copied in, the shard
 copied out).  So the score weighs what bucketing trades: a latency saved per merged collective against the
-copies it adds and a larger first (gathers) or last (reductions) bucket that nothing hides.  With
+copies it adds and a larger first (gathers) or last (reductions) bucket that nothing hides.  What
+overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each issue holds the
+compute stream for the profile's issue time, and compute runs slower while a collective is in flight.  With
 ``reorder`` on, gathers are issued as early as their stream allows (prefetch); with it off, when first
 needed.  Score: modelled makespan, then exposed communication, then fewer collectives, then the
 candidate's index.
@@ -52,6 +54,7 @@ from typing import Any, Mapping
 from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult
 from ..dag.graph import CollectiveOp, Dag
+from ..simulate import slowed_end
 from .budget import MemoryBudget, fit_to_budget, memory_claim
 
 CANDIDATES = ("greedy", "per_block", "none", "greedy_half_cap")
@@ -233,11 +236,16 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     done = [0.0] * len(units)
     issued = [False] * len(units)
     busy = 0.0
+    overlap = cost_model.overlap_costs()
+
+    def run(now: float, work: float) -> float:
+        """End of ``work`` ms of compute started at ``now``, slowed while a collective is in flight."""
+        return slowed_end(now, work, max(stream_free.values(), default=0.0), overlap.compute_slowdown)
 
     def issue(k: int, now: float) -> float:
-        """Issue unit ``k`` at ``now`` on the compute stream: its copy-in, then the collective on its stream.
-        Returns the compute stream's time after the copy-in."""
-        now += copy_in[k]
+        """Issue unit ``k`` at ``now`` on the compute stream: its copy-in, then the collective (the host busy
+        issuing it) on its stream.  Returns the compute stream's time after the issue."""
+        now = run(now, copy_in[k]) + overlap.issue_ms
         start = max(now, stream_free.get(stream_of[k], 0.0))
         stream_free[stream_of[k]] = done[k] = start + comm_ms[k]
         issued[k] = True
@@ -259,16 +267,18 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         stand_in = (balanced(m) if not gather[e] else 0.0) + (
             balanced(events[e - 1]) if e > 0 and gather[e - 1] else 0.0)
         step = max(region, stand_in)
-        now += step
-        busy += step
+        before = now
+        now = run(now, step)
+        busy += now - before
         previous = m
         if gather[e]:
             if not issued[k]:  # no prefetch: issued when first needed
                 before = now
                 now = issue(k, now)
                 busy += now - before
-            now = max(now, done[k]) + copy_out[m]
-            busy += copy_out[m]
+            before = max(now, done[k])
+            now = run(before, copy_out[m])
+            busy += now - before
         else:
             remaining[k] -= 1
             if remaining[k] == 0:  # the last gradient of the bucket is ready
@@ -277,8 +287,9 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
                 busy += now - before
     tail = max(structure.between(previous, len(dag)),
                balanced(events[-1]) if events and gather[-1] else 0.0)
-    now += tail
-    busy += tail
+    before = now
+    now = run(now, tail)
+    busy += now - before
     makespan = max([now, *done])
     score.makespan_ms, score.exposed_ms = makespan, makespan - busy
     return score

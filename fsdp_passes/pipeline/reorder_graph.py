@@ -12,7 +12,7 @@ import time
 from ..dag.graph import Dag
 from ..options import Options
 from ..reordering import plan_order
-from ..simulate import Timeline
+from ..simulate import OverlapCosts, Timeline
 from .report import GraphReport, fill_schedule_numbers
 
 log = logging.getLogger("fsdp_passes")
@@ -21,11 +21,12 @@ __all__ = ["finish_graph_report", "plan_graph_order"]
 
 
 def plan_graph_order(dag: Dag, durations: list[float], options: Options, report: GraphReport,
-                     fx_report: GraphReport | None = None) -> list[int]:
+                     fx_report: GraphReport | None = None, overlap: OverlapCosts | None = None) -> list[int]:
     """The order to run ``dag`` in: ``plan_order`` within the memory budget the FX pass of the same graph
     (``fx_report``: its ``memory_budget_bytes`` less its ``memory_budget_used_bytes``) left, or the graph
     order without ``options.reorder``.  Notes what it did in ``report``; without an FX report the budget is
-    taken of this DAG as the FX pass does (``budget.graph_memory_budget``)."""
+    taken of this DAG as the FX pass does (``budget.graph_memory_budget``).  ``overlap``: what overlapping
+    costs (``CostModel.overlap_costs``), for the plan as for the report."""
     identity = list(range(len(dag)))
     # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
     # bound from payloads) out of it; reordering gets the rest over the order Inductor built
@@ -46,7 +47,8 @@ def plan_graph_order(dag: Dag, durations: list[float], options: Options, report:
         report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
                                 "raise memory_budget to let the reordering prefetch")
         log.info("fsdp_passes %s: %s", report.graph, report.extra["note"])
-    result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch)
+    result = plan_order(dag, durations, memory_budget_bytes=budget, max_prefetch=options.max_prefetch,
+                        overlap=overlap)
     report.collectives_moved = result.moved
     report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
     if result.fallback:
@@ -55,11 +57,11 @@ def plan_graph_order(dag: Dag, durations: list[float], options: Options, report:
 
 
 def finish_graph_report(report: GraphReport, dag: Dag, durations: list[float], order: list[int],
-                        start: float) -> tuple[Timeline, Timeline]:
+                        start: float, overlap: OverlapCosts | None = None) -> tuple[Timeline, Timeline]:
     """Simulate the graph order and ``order`` into ``report`` (pass time counted from ``start``, a
     ``time.perf_counter()`` value) and log it; returns both timelines."""
     identity = list(range(len(dag)))
-    timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations))
+    timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations), overlap)
     if "memory_budget_bytes" in report.extra:
         # peak_memory_bytes_before is Inductor's order of the graph it was given (without bucketing: the
         # no-pass peak); the final order keeps within it plus what the FX pass left of the budget

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dag.graph import Dag, NodeKind
-from ..simulate import Timeline, lower_bound, simulate
+from ..simulate import OverlapCosts, Timeline, lower_bound, simulate
 
 
 @dataclass
@@ -81,13 +81,15 @@ def fill_schedule_numbers(
     report: GraphReport,
     before: tuple[Dag, list[int], list[float]],
     after: tuple[Dag, list[int], list[float]],
+    overlap: OverlapCosts | None = None,
 ) -> tuple[Timeline, Timeline]:
     """Simulate the graph before and after a pass and put the numbers into ``report``.
 
-    ``before`` and ``after`` are (dag, order, per-node durations in ms).  Returns both timelines.
+    ``before`` and ``after`` are (dag, order, per-node durations in ms); ``overlap``: what overlapping costs
+    (``CostModel.overlap_costs``), the same for both.  Returns both timelines.
     """
-    t_before = simulate(*before)
-    t_after = simulate(*after)
+    t_before = simulate(*before, overlap=overlap)
+    t_after = simulate(*after, overlap=overlap)
     report.n_collectives_before = len(before[0].collectives())
     report.n_collectives_after = len(after[0].collectives())
     report.exposed_comm_ms_before = t_before.exposed_total

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 
 from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag
-from ..simulate import check_order, exposed_and_makespan, simulate
+from ..simulate import OverlapCosts, check_order, exposed_and_makespan, simulate
 from ..simulate.memory import MemoryModel
 from .scheduler import InternalError, ListScheduler, ScheduleOutcome
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure, as_durations
@@ -115,6 +115,7 @@ def plan_order(
     *,
     memory_budget_bytes: int,
     max_prefetch: Optional[int] = None,
+    overlap: Optional[OverlapCosts] = None,
 ) -> ReorderResult:
     """Plan an order of ``dag`` that overlaps collectives with compute.
 
@@ -123,6 +124,8 @@ def plan_order(
     memory_budget_bytes: how far the simulated peak may rise above the original order's peak.
     max_prefetch: at most this many collectives of one group issued and not yet waited on when an FSDP
         collective is issued (None: no cap).
+    overlap: what overlapping costs (host issue time per collective, compute slowed while one runs;
+        ``CostModel.overlap_costs``), used by the scheduling passes and the verification alike (None: free).
 
     The result keeps every dependency and every group's collective sequence, keeps the peak within the
     limit, and is never worse than the original order in simulated exposed communication or makespan (the
@@ -151,7 +154,7 @@ def plan_order(
     base_curve = mm.curve(identity)
     base_peak = max(base_curve, default=0)
     limit = base_peak + memory_budget_bytes
-    before = _stats(dag, identity, dur, s, base_peak)
+    before = _stats(dag, identity, dur, s, base_peak, overlap)
     notes: list[str] = []
 
     def keep_original(reason: str, passes: int) -> ReorderResult:
@@ -175,14 +178,16 @@ def plan_order(
     try:
         eff = limit
         for _ in range(MAX_REPAIRS + 1):
-            outcome = ListScheduler(s, mm, base_curve, dur, limit=eff, max_prefetch=max_prefetch).run()
+            outcome = ListScheduler(s, mm, base_curve, dur, limit=eff, max_prefetch=max_prefetch,
+                                    overlap=overlap).run()
             passes += 1
             if outcome.peak <= limit:
                 tried.append(("planned", outcome))
                 break
             notes.append(f"pass {passes}: peak {outcome.peak} B > limit {limit} B; tightening the gates")
             eff -= outcome.peak - limit
-        conservative = ListScheduler(s, mm, base_curve, dur, limit=None, max_prefetch=max_prefetch)
+        conservative = ListScheduler(s, mm, base_curve, dur, limit=None, max_prefetch=max_prefetch,
+                                     overlap=overlap)
     except InternalError as e:  # pragma: no cover - invariant breach; keep the graph's own order
         return keep_original(f"scheduler error: {e}", passes)
 
@@ -200,7 +205,7 @@ def plan_order(
         if problems:  # pragma: no cover - would be a scheduler bug
             rejected.append(f"{label} order invalid: {problems[0]}")
             continue
-        after = _stats(dag, outcome.order, dur, s, max(mm.curve(outcome.order), default=0))
+        after = _stats(dag, outcome.order, dur, s, max(mm.curve(outcome.order), default=0), overlap)
         if after.peak_bytes > limit:
             rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
         elif after.exposed_ms > before.exposed_ms:
@@ -288,15 +293,17 @@ def _result(
     )
 
 
-def _stats(dag: Dag, order: list[int], dur: list[float], s: Structure, peak: int) -> OrderStats:
+def _stats(dag: Dag, order: list[int], dur: list[float], s: Structure, peak: int,
+           overlap: Optional[OverlapCosts]) -> OrderStats:
     """``evaluate`` for an order that is known to be valid, with the peak already computed (the verification
     replays the order on the simulator's engine; it needs neither the order checks again nor the timeline's
     other figures)."""
-    exposed, makespan = exposed_and_makespan(dag, order, dur, s.coll_of)
+    exposed, makespan = exposed_and_makespan(dag, order, dur, s.coll_of, overlap)
     return OrderStats(float(exposed), float(makespan), int(peak))
 
 
-def evaluate(dag: Dag, order: Sequence[int], durations: Sequence[float]) -> OrderStats:
+def evaluate(dag: Dag, order: Sequence[int], durations: Sequence[float],
+             overlap: Optional[OverlapCosts] = None) -> OrderStats:
     """Simulated exposed communication, makespan and peak memory of ``order`` (``fsdp_passes.simulate``)."""
-    tl = simulate(dag, order, durations)
+    tl = simulate(dag, order, durations, overlap)
     return OrderStats(float(tl.exposed_total), float(tl.makespan), int(tl.peak_memory))

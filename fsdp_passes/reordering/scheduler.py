@@ -44,7 +44,7 @@ import heapq
 from typing import Optional
 
 from ..simulate.memory import MemoryModel, MemoryTracker
-from ..simulate.timeline import StreamClock
+from ..simulate.timeline import OverlapCosts, StreamClock
 from .async_tracker import AsyncTracker
 from .headroom import HeadroomTree
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
@@ -94,6 +94,7 @@ class ListScheduler:
         *,
         limit: Optional[int],
         max_prefetch: Optional[int],
+        overlap: Optional[OverlapCosts] = None,
     ):
         n = structure.n
         self.structure = structure
@@ -103,7 +104,7 @@ class ListScheduler:
         self.alloc = memory_model.alloc
         self.memory = MemoryTracker(memory_model)
         self.tree = HeadroomTree(base_curve) if limit is not None else None
-        self.clock = StreamClock(durations, structure.seq)
+        self.clock = StreamClock(durations, structure.seq, overlap)
         self.in_flight = AsyncTracker(structure, self.clock)
         self.order: list[int] = []
         self.scheduled = bytearray(n)

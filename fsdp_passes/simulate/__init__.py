@@ -5,7 +5,8 @@ replays a whole order."""
 from .bounds import lower_bound
 from ..dag.graph import buffer_roots
 from .memory import MemoryModel, MemoryTracker, memory_curve, peak_memory
-from .timeline import OverlapCosts, StreamClock, Timeline, check_order, exposed_and_makespan, simulate
+from .timeline import (OverlapCosts, StreamClock, Timeline, check_order, exposed_and_makespan, simulate,
+                       slowed_end)
 from .trace import chrome_trace, write_chrome_trace
 
 __all__ = [
@@ -22,5 +23,6 @@ __all__ = [
     "memory_curve",
     "peak_memory",
     "simulate",
+    "slowed_end",
     "write_chrome_trace",
 ]

@@ -39,7 +39,7 @@ class OverlapCosts:
                 raise ValueError(f"OverlapCosts.{name}={v!r} is not valid: expected a non-negative finite number")
 
 
-def _slowed_end(t: float, work: float, comm_until: float, slowdown: float) -> float:
+def slowed_end(t: float, work: float, comm_until: float, slowdown: float) -> float:
     """End of ``work`` ms of compute started at ``t`` that runs ``1 + slowdown`` times slower until
     ``comm_until`` (while collectives are in flight) and at full speed after."""
     if slowdown <= 0.0 or comm_until <= t or work <= 0.0:
@@ -233,7 +233,7 @@ class StreamClock:
     def _run(self, t: float, work: float) -> float:
         """End of ``work`` ms of compute started at ``t``, slowed while collectives are in flight."""
         if self.slowdown > 0.0 and work > 0.0 and self.stream_end:
-            end = _slowed_end(t, work, max(self.stream_end.values()), self.slowdown)
+            end = slowed_end(t, work, max(self.stream_end.values()), self.slowdown)
         else:
             end = t + work
         self.busy += end - t
@@ -320,11 +320,12 @@ def _exposed_total(clock: StreamClock) -> float:
 
 
 def exposed_and_makespan(
-    dag: Dag, order: Sequence[int], durations: list[float], waited: Sequence[int]
+    dag: Dag, order: Sequence[int], durations: list[float], waited: Sequence[int],
+    overlap: OverlapCosts | None = None,
 ) -> tuple[float, float]:
     """``(exposed_total, makespan)`` of ``simulate(dag, order, durations)``, equal to its figures, for a caller
     that has already checked ``order`` and ``durations`` (``check_order``, ``check_durations``) and holds
     ``wait_collectives(dag)``: it skips those checks and the timeline's other figures (per-node times, the
     memory curve, the lower bound)."""
-    clock, _, makespan = _replay(dag, order, durations, waited, None)
+    clock, _, makespan = _replay(dag, order, durations, waited, overlap)
     return _exposed_total(clock), makespan

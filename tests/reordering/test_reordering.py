@@ -292,7 +292,7 @@ def test_safety_net_returns_the_original_order(monkeypatch):
     dag = b.dag()
 
     class WorseScheduler:
-        def __init__(self, s, mm, base_curve, dur, *, limit, max_prefetch):
+        def __init__(self, s, mm, base_curve, dur, *, limit, max_prefetch, overlap=None):
             pass
 
         def run(self):  # valid, but issues the gather after c0: the whole gather is exposed
