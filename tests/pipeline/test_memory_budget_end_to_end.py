@@ -173,7 +173,8 @@ def test_report_before_figures_describe_the_graph_before_the_rewrite(mlp_fx):
     assert r.n_collectives_after < r.n_collectives_before
     kernels = predict_kernels(dag_from_fx(copy.deepcopy(mlp_fx.backward)))
     cost_model = CostModel.from_options(options.cluster, options.calibration)
-    untouched = simulate(kernels, predict_memory_reorder(kernels), cost_model.estimate(kernels))
+    untouched = simulate(kernels, predict_memory_reorder(kernels), cost_model.estimate(kernels),
+                         cost_model.overlap_costs())
     assert r.report.peak_memory_bytes_before == untouched.peak_memory
     assert r.report.makespan_ms_before == pytest.approx(untouched.makespan)
     assert r.report.exposed_comm_ms_before == pytest.approx(untouched.exposed_total)
