@@ -155,7 +155,7 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
 
     dag = dag_from_scheduler_nodes(nodes)  # inside the graph's lowering: graph outputs are known
     durations = cost_model.estimate(dag)
-    tl = simulate(dag, list(range(len(dag))), durations)
+    tl = simulate(dag, list(range(len(dag))), durations, cost_model.overlap_costs())
     gathers = [i for i, n in enumerate(dag.nodes)
                if n.kind is NodeKind.COLLECTIVE and n.collective is CollectiveOp.ALL_GATHER]
     reductions = [i for i, n in enumerate(dag.nodes) if n.kind is NodeKind.COLLECTIVE

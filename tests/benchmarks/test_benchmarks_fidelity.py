@@ -34,7 +34,8 @@ def test_smoke_run_predicts_and_measures_every_configuration(tmp_path):
     data = json.loads(out.read_text())
     assert set(data["configs"]) == {"none", "manual", "auto", "reorder_only"}
     for name, c in data["configs"].items():
-        assert c["predicted_ms"] > 0 and c["predicted_with_overlap_costs_ms"] >= c["predicted_ms"], name
+        # the same orders without the link's overlap costs: never slower
+        assert 0 < c["predicted_without_overlap_costs_ms"] <= c["predicted_ms"], name
         assert len(c["measured_ms"]) == 2 and c["measured_median_ms"] > 0, name
         assert set(c["predicted_graphs_ms"]) and len(c["reports"]) == 2, name
     # the profiled step calibrated the compiled kernels; the sweep every op at both sizes

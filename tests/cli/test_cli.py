@@ -90,7 +90,7 @@ def test_demo_prints_progress_tables_and_writes_dumps(demo_dirs):
         assert set(SUMMARY_KEYS) <= set(d.summary)
         assert d.name in text and d.file("trace.json") in text
         dump = read_dag_json(d.file("dag.json"))
-        tl = simulate(dump.dag, dump.after, dump.durations)
+        tl = simulate(dump.dag, dump.after, dump.durations, dump.overlap)
         assert d.summary["makespan_ms_after"] == pytest.approx(tl.makespan)
         assert f"{tl.makespan:.3f}" in text
         rows = parse_schedule_table(open(d.file("schedule_after.txt")).read())
@@ -124,7 +124,7 @@ def test_demo_headline_is_against_the_step_without_passes(demo_dirs):
         assert dump.after == dump.before
         assert d.summary["options"]["bucketing"] == "none" and d.summary["options"]["reorder"] is False
     dags = [read_dag_json(d.file("dag.json")) for d in baseline]
-    step_ms = sum(simulate(x.dag, x.before, x.durations).makespan for x in dags)
+    step_ms = sum(simulate(x.dag, x.before, x.durations, x.overlap).makespan for x in dags)
     assert auto["makespan ms"][0] == none["makespan ms"][0] == f"{step_ms:.3f}"
     assert auto["exposed comm ms"][0] == none["exposed comm ms"][0]
     # the baseline's collectives are those before bucketing (counted by the FX pass on the FX graph)

@@ -42,7 +42,8 @@ def _inductors_own_peak(cap):
 
 
 def _estimate(dag, cost_model, order=None):
-    tl = simulate(dag, list(range(len(dag))) if order is None else order, cost_model.estimate(dag))
+    tl = simulate(dag, list(range(len(dag))) if order is None else order, cost_model.estimate(dag),
+                  cost_model.overlap_costs())
     return tl.makespan, tl.exposed_total, tl.peak_memory
 
 

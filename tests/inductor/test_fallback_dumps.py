@@ -63,7 +63,7 @@ def test_fallback_dump_is_written_and_read_by_report(fake_pg, tmp_path):
         assert [r["name"] for r in after_rows] == [r["name"] for r in before_rows]
         assert len(before_rows) == len(dump.dag)
         # its simulation: what dag.json re-simulates to
-        assert s["makespan_ms_before"] == pytest.approx(simulate(dump.dag, dump.before, dump.durations).makespan)
+        assert s["makespan_ms_before"] == pytest.approx(simulate(dump.dag, dump.before, dump.durations, dump.overlap).makespan)
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "fsdp_passes", "report", str(tmp_path)], capture_output=True,
