@@ -24,6 +24,7 @@ from fsdp_passes.bucketing import (
 )
 from fsdp_passes.bucketing.manual import matches
 from fsdp_passes.pipeline import bucket_graph
+from fsdp_passes.simulate import OverlapCosts
 from fsdp_passes.bucketing.plan import make_bucket
 from fsdp_passes.dag.from_fx import dag_from_fx
 from fsdp_passes.dag.graph import CollectiveOp, Dag, DagNode, NodeKind
@@ -358,6 +359,9 @@ class _UnitCost:
 
     def compute_ms(self, flops, bytes_moved, dtype=None):
         return 0.01
+
+    def overlap_costs(self):
+        return OverlapCosts()  # overlapping is free
 
 
 # -- scale -------------------------------------------------------------------------------------------------------
