@@ -140,3 +140,27 @@ def test_calibration_and_cluster_change_the_estimates(mlp_forward_nodes, tmp_pat
     n_ag = len(dag.collectives())
     assert calibrated.makespan_ms_before >= 1000.0 * n_ag
     json.loads(path.read_text())  # the table is plain JSON
+
+
+def test_the_plan_and_its_report_price_the_profiles_overlap_costs(mlp_forward_nodes):
+    """A profile's overlap costs (host issue time per collective, compute slowed while one is in flight) are
+    what the scheduler pass plans and reports with: its figures are the replay of its order under those terms
+    (computed here from the numbers given), and every issue costs the compute stream its time."""
+    from fsdp_passes.cost_model import CostModel, load_profile
+    from fsdp_passes.simulate import OverlapCosts, simulate
+
+    cap = mlp_forward_nodes["forward"]
+    free = {"base": "h100-nvlink", "collective_issue_us": 0.0, "compute_slowdown_during_comm": 0.0}
+    costly = dict(free, collective_issue_us=30.0, compute_slowdown_during_comm=1.0)
+    dag = _dag(cap)
+    index = {id(n): i for i, n in enumerate(cap.before)}
+    durations = CostModel(load_profile(free)).estimate(dag)  # the overlap terms do not change node times
+    overlap = OverlapCosts(issue_ms=0.030, compute_slowdown=1.0)
+    identity = list(range(len(dag)))
+    new, report = fsdp_passes.reorder_scheduler_nodes(cap, Options(cluster=costly, memory_budget="100%"))
+    order = [index[id(n)] for n in new]
+    assert report.makespan_ms_after == pytest.approx(simulate(dag, order, durations, overlap).makespan)
+    assert report.makespan_ms_before == pytest.approx(simulate(dag, identity, durations, overlap).makespan)
+    assert report.exposed_comm_ms_after == pytest.approx(simulate(dag, order, durations, overlap).exposed_total)
+    n_collectives = len(dag.collectives())
+    assert report.makespan_ms_before >= simulate(dag, identity, durations).makespan + 0.030 * n_collectives - 1e-9
