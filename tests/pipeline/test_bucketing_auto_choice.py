@@ -177,3 +177,19 @@ def test_emulated_link_forward_avoids_the_greedy_giant_bucket():
     assert winner.makespan_ms < 0.95 * greedy.makespan_ms
     assert winner.makespan_ms <= per_block.makespan_ms
     assert max(len(b) for b in r.buckets) <= 4
+
+
+def test_the_score_charges_the_profiles_issue_time(mlp):
+    """Every collective's issue holds the compute stream for the profile's issue time in auto's score too: the
+    unmerged candidate's (one collective per parameter) compute stream is busy that much longer per collective
+    (busy = makespan - exposed)."""
+    free = {"base": "h100-nvlink", "collective_issue_us": 0.0, "compute_slowdown_during_comm": 0.0}
+    costly = dict(free, collective_issue_us=50.0)
+    for gm in mlp:
+        runs = {name: {c.name: c for c in bucket_graph(_copy(gm), Options(bucketing="auto", memory_budget="100%",
+                                                                           cluster=cluster)).choice.candidates}
+                for name, cluster in (("free", free), ("costly", costly))}
+        none_free, none_costly = runs["free"]["none"], runs["costly"]["none"]
+        busy_free = none_free.makespan_ms - none_free.exposed_ms
+        busy_costly = none_costly.makespan_ms - none_costly.exposed_ms
+        assert busy_costly == pytest.approx(busy_free + 0.050 * none_free.n_collectives)
