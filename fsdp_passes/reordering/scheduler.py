@@ -233,9 +233,13 @@ class ListScheduler:
         node)."""
         structure = self.structure
         scheduled = self.scheduled
-        stack = [p for p in structure.preds[node] if not scheduled[p]]
-        if not stack:
+        preds = structure.preds[node]
+        for p in preds:  # usually every input is placed already: nothing to build
+            if not scheduled[p]:
+                break
+        else:
             return
+        stack = [p for p in preds if not scheduled[p]]
         why = f"{why} {structure.names[node]}"
         todo: list[int] = []
         seen: set[int] = set()
