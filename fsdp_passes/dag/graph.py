@@ -239,11 +239,13 @@ class Dag:
         pos = [0] * n
         for p, i in enumerate(order):
             pos[i] = p
-        for src, dst in self.edges():
-            if pos[src] > pos[dst]:
-                problems.append(f"{self.nodes[dst].name} is placed before its input {self.nodes[src].name}")
-                if len(problems) >= limit:
-                    return problems
+        for dst, ps in enumerate(self.preds):  # the edges, in ``edges()`` order, without a generator
+            at = pos[dst]
+            for src in ps:
+                if pos[src] > at:
+                    problems.append(f"{self.nodes[dst].name} is placed before its input {self.nodes[src].name}")
+                    if len(problems) >= limit:
+                        return problems
         for group, seq in self.group_sequences().items():
             placed = sorted(seq, key=pos.__getitem__)
             if placed != seq:

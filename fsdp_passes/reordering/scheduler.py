@@ -497,7 +497,8 @@ class ListScheduler:
             self.fence_ptr += 1
         fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else structure.n
         while True:
-            self._issue_ready(frontier, chosen, fence)
+            if self.candidates:  # on about half the steps there is none
+                self._issue_ready(frontier, chosen, fence)
             if not self._hoist_one(frontier, chosen, fence):
                 break
 
