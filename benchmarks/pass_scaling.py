@@ -6,7 +6,8 @@ FSDP-shaped forward + backward DAGs (per layer: parameter casts, all-gathers and
 chain of matmul-like compute; backward: re-gathers, gradient compute, fp32 casts, reduce-scatters and waits)
 of about 1k, 10k and 100k nodes.  Timed stages, each on the same DAG:
 
-  build     creating the DagNodes and the Dag (edges, topological ranks, group sequences)
+  build     creating the DagNodes and the Dag (edges, topological ranks, group sequences), with the cyclic
+            garbage collector paused as in the passes
   estimate  CostModel("h100-nvlink").estimate(dag)
   bucket    pipeline.plan_bucketing(dag, Options(bucketing="auto"))   (the plan; the FX rewrite needs a graph)
   reorder   reordering.plan_order(dag, durations, memory_budget = 5% of the FSDP payload, as the passes take it)
@@ -117,12 +118,15 @@ def time_synthetic(target: int) -> dict[str, Any]:
     from fsdp_passes.options import Options
     from fsdp_passes.reordering import plan_order
     from fsdp_passes.bucketing import fsdp_payload_bytes
+    from fsdp_passes.dag.gc_pause import collector_paused
 
     layers = layers_for(target)
     t: dict[str, float] = {}
     cpu: dict[str, float] = {}
     clock = _Clock(t, cpu)
-    with clock("build"):
+    # the passes build their DAGs with the cyclic collector paused (``bucket_graph`` builds the FX graph's,
+    # ``reorder_scheduler_nodes`` the scheduler nodes'), so the DagNodes here are created the same way
+    with clock("build"), collector_paused():
         nodes, edges = synthetic_specs(layers)
         dag = Dag(nodes, edges)
     with clock("estimate"):

@@ -83,8 +83,12 @@ def _repeating_run(signatures: Sequence[Hashable]) -> tuple[int, int, int] | Non
 def _compute_prefix(dag: Dag) -> list[int]:
     """``prefix[i]``: how many compute nodes come before node ``i``."""
     prefix = [0]
+    count = 0
+    compute = NodeKind.COMPUTE  # a local: reading an enum member off its class costs several times more
     for node in dag.nodes:
-        prefix.append(prefix[-1] + (node.kind is NodeKind.COMPUTE))
+        if node.kind is compute:
+            count += 1
+        prefix.append(count)
     return prefix
 
 

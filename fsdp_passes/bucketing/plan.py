@@ -104,7 +104,9 @@ class BucketPlanResult:
 
 def bucket_key(node: DagNode) -> tuple[str, str, str | None, str | None, int | None]:
     """Members of one bucket share process group, op, reduce op, dtype and group size."""
-    op = node.collective.value if node.collective is not None else "?"
+    # ``_value_`` is what the ``value`` property returns, read without the property's call (this runs per
+    # collective and per candidate member)
+    op = node.collective._value_ if node.collective is not None else "?"
     return (op, node.group_name or "?", node.reduce_op, node.dtype, node.group_size)
 
 
@@ -119,7 +121,9 @@ def bucketability(dag: Dag, i: int, *, bucket_non_fsdp: bool = False) -> str | N
         return "not an FSDP parameter gather / gradient reduction (set bucket_non_fsdp=True to include it)"
     if node.collective is not CollectiveOp.ALL_REDUCE and (not node.group_size or node.group_size < 1):
         return "unknown process-group size"  # all-gather / reduce-scatter carry it in their arguments
-    waits = [s for s in dag.succs[i] if dag.nodes[s].kind is NodeKind.WAIT]
+    nodes = dag.nodes
+    wait = NodeKind.WAIT
+    waits = [s for s in dag.succs[i] if nodes[s].kind is wait]
     if len(waits) != 1:
         return f"has {len(waits)} waits, expected exactly one"
     origin = node.origin
@@ -321,7 +325,8 @@ def fsdp_payload_bytes(dag: Dag) -> int:
     """Bytes the FSDP collectives of ``dag`` move (gathered parameters, gradients before the scatter): what a
     percentage ``memory_budget`` is a percentage of.  Parameter-sized, so the same on every rank whatever
     its local batch or sequence length; bucketing does not change it (a bucket moves its members' bytes)."""
-    return sum(n.comm_bytes for n in dag.nodes if n.kind is NodeKind.COLLECTIVE and n.fsdp)
+    collective = NodeKind.COLLECTIVE  # a local: reading an enum member off its class costs several times more
+    return sum(n.comm_bytes for n in dag.nodes if n.fsdp and n.kind is collective)
 
 
 def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int | None = None

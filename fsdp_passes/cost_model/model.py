@@ -108,12 +108,13 @@ class CostModel:
         # model repeats the same few combinations: each is priced once
         priced: dict[tuple, float] = {}
         out: list[float] = []
+        wait, collective = NodeKind.WAIT, NodeKind.COLLECTIVE  # locals: an enum member off its class costs more
         for n in nodes:
             kind = n.kind
-            if kind is NodeKind.WAIT:
+            if kind is wait:
                 out.append(0.0)
                 continue
-            if kind is NodeKind.COLLECTIVE:
+            if kind is collective:
                 key: tuple = (n.launches_kernel, n.collective, n.comm_bytes, n.group_size, n.group_ranks)
             else:
                 key = (n.launches_kernel, n.flops, n.in_bytes + n.out_bytes, n.dtype)

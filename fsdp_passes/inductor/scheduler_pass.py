@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from torch._inductor.scheduler import BaseSchedulerNode
 
 from ..cost_model import CostModel
+from ..dag.gc_pause import collector_paused
 from ..debug.dump import write_scheduler_dump
 from ..options import Options
 from ..pipeline.reorder_graph import finish_graph_report, plan_graph_order
@@ -20,6 +21,7 @@ class InvalidOrder(ValueError):
     """A proposed order is not a valid schedule (lost node, broken dependency, changed collective order)."""
 
 
+@collector_paused()  # as the FX pass (``bucket_graph``): building the DAG and planning create no cycles
 def reorder_scheduler_nodes(
     nodes: Sequence[BaseSchedulerNode], options: Options, graph_name: str = "graph",
     cost_model: CostModel | None = None, fx_report: GraphReport | None = None,

@@ -34,7 +34,7 @@ def plan_bucketing(
     """
     mode = options.bucketing
     if mode == "none":
-        n = sum(1 for node in dag.nodes if node.kind is NodeKind.COLLECTIVE)
+        n = len(dag.collectives())
         return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
     budget = graph_memory_budget(dag, options, param_fqns=param_fqns)
     if mode == "manual":

@@ -23,86 +23,125 @@ EMPTY_MAX = -(1 << 62)
 
 
 class RangeMaxTree:
-    """Range add / range max over positions 0..n-1 (bottom-up segment tree, lazy adds kept per node)."""
+    """Range add / range max over positions 0..n-1: a bottom-up segment tree over a power-of-two number of
+    leaves whose adds stay where they were made (no push-down).
 
-    __slots__ = ("n", "h", "t", "d")
+    ``t[p]`` is the largest value under node ``p`` less the adds pending on ``p``'s strict ancestors, and
+    ``d[p]`` the adds made to the whole of ``p``'s range; so ``t[p] = max(t[2p], t[2p+1]) + d[p]``.  A query
+    collects the nodes covering its range and adds the ``d`` of their ancestors on the way up (every node
+    collected on the left lies under the node just left of the boundary, every one on the right under the
+    boundary node itself), a point update stops climbing as soon as an ancestor's value does not change:
+    each operation is one walk up the tree, without writes for a query.
+    """
+
+    __slots__ = ("n", "size", "t", "d")
 
     def __init__(self, values: list[int]):
         n = max(1, len(values))
+        size = 1 << (n - 1).bit_length()
         self.n = n
-        self.h = n.bit_length()
-        t = [0] * (2 * n)
-        t[n : n + len(values)] = values
-        for i in range(n - 1, 0, -1):
+        self.size = size
+        t = [EMPTY_MAX] * (2 * size)
+        t[size : size + len(values)] = values
+        for i in range(size - 1, 0, -1):
             a, b = t[2 * i], t[2 * i + 1]
             t[i] = a if a > b else b
         self.t = t
-        self.d = [0] * n
-
-    def _apply(self, p: int, v: int) -> None:
-        self.t[p] += v
-        if p < self.n:
-            self.d[p] += v
-
-    def _build(self, p: int) -> None:
-        t, d = self.t, self.d
-        while p > 1:
-            p >>= 1
-            a, b = t[2 * p], t[2 * p + 1]
-            t[p] = (a if a > b else b) + d[p]
-
-    def _push(self, p: int) -> None:
-        d = self.d
-        for s in range(self.h, 0, -1):
-            i = p >> s
-            if i and d[i]:
-                self._apply(2 * i, d[i])
-                self._apply(2 * i + 1, d[i])
-                d[i] = 0
+        self.d = [0] * (2 * size)  # adds to whole subtrees (a leaf's own is in ``t``; d[0] stays 0)
 
     def add(self, lo: int, hi: int, v: int) -> None:
         """Add ``v`` to positions lo..hi-1."""
         if lo >= hi or not v:
             return
-        n = self.n
-        lo += n
-        hi += n
-        l0, r0 = lo, hi
+        t, d = self.t, self.d
+        size = self.size
+        lo += size
+        hi += size
+        if hi - lo == 1:
+            self.add_point(lo - size, v)
+            return
+        l0, r0 = lo >> 1, (hi - 1) >> 1
         while lo < hi:
             if lo & 1:
-                self._apply(lo, v)
+                t[lo] += v
+                d[lo] += v
                 lo += 1
             if hi & 1:
                 hi -= 1
-                self._apply(hi, v)
+                t[hi] += v
+                d[hi] += v
             lo >>= 1
             hi >>= 1
-        self._build(l0)
-        self._build(r0 - 1)
+        # the ancestors of the two ends (the only nodes above a changed one), up to where the paths meet
+        while l0 != r0:
+            a, b = t[2 * l0], t[2 * l0 + 1]
+            t[l0] = (a if a > b else b) + d[l0]
+            a, b = t[2 * r0], t[2 * r0 + 1]
+            t[r0] = (a if a > b else b) + d[r0]
+            l0 >>= 1
+            r0 >>= 1
+        while l0:
+            a, b = t[2 * l0], t[2 * l0 + 1]
+            t[l0] = (a if a > b else b) + d[l0]
+            l0 >>= 1
+
+    def add_point(self, i: int, v: int) -> None:
+        """Add ``v`` to position ``i``."""
+        t, d = self.t, self.d
+        p = i + self.size
+        t[p] += v
+        p >>= 1
+        while p:
+            a, b = t[2 * p], t[2 * p + 1]
+            top = (a if a > b else b) + d[p]
+            if top == t[p]:  # nothing above changes either
+                return
+            t[p] = top
+            p >>= 1
+
+    def value(self, i: int) -> int:
+        """The value at position ``i``."""
+        t, d = self.t, self.d
+        p = i + self.size
+        res = t[p]
+        p >>= 1
+        while p:
+            res += d[p]
+            p >>= 1
+        return res
 
     def max(self, lo: int, hi: int) -> int:
         """Largest value at positions lo..hi-1 (``EMPTY_MAX`` when the range is empty)."""
         if lo >= hi:
             return EMPTY_MAX
-        n = self.n
-        lo += n
-        hi += n
-        self._push(lo)
-        self._push(hi - 1)
-        t = self.t
-        res = EMPTY_MAX
+        t, d = self.t, self.d
+        size = self.size
+        lo += size
+        hi += size
+        left = right = EMPTY_MAX
         while lo < hi:
             if lo & 1:
-                if t[lo] > res:
-                    res = t[lo]
+                if t[lo] > left:
+                    left = t[lo]
                 lo += 1
             if hi & 1:
                 hi -= 1
-                if t[hi] > res:
-                    res = t[hi]
+                if t[hi] > right:
+                    right = t[hi]
             lo >>= 1
             hi >>= 1
-        return res
+            # what was collected lies under node lo - 1 (left) and node hi (right) of the level above
+            left += d[lo - 1]
+            right += d[hi]
+        lo -= 1
+        while lo > 1:
+            lo >>= 1
+            left += d[lo]
+        while hi > 1:
+            hi >>= 1
+            right += d[hi]
+        res = left if left > right else right
+        return res if res > EMPTY_MAX // 2 else EMPTY_MAX
 
 
 class HeadroomTree:
@@ -137,7 +176,7 @@ class HeadroomTree:
     def _offset(self, b: int) -> int:
         if self.offset_epoch[b] != self.epoch:
             # the block tree holds written[b] + offset whether or not the block is dirty
-            self.offset[b] = self.blocks.max(b, b + 1) - self.written[b]
+            self.offset[b] = self.blocks.value(b) - self.written[b]
             self.offset_epoch[b] = self.epoch
         return self.offset[b]
 
@@ -147,7 +186,7 @@ class HeadroomTree:
         for b in self.dirty:
             top = max(raw[b * block : (b + 1) * block])
             if top != written[b]:
-                blocks.add(b, b + 1, top - written[b])
+                blocks.add_point(b, top - written[b])
                 written[b] = top
             self.is_dirty[b] = 0
         self.dirty.clear()

@@ -229,12 +229,19 @@ class ListScheduler:
                 self._push_cand(nxt)
 
     def _place_deps(self, node: int, why: str) -> None:
-        """Place the pending waits ``node`` still needs (and theirs), in id order."""
+        """Place the pending waits ``node`` still needs (and theirs), in id order; each gets the reason
+        ``why`` followed by ``node``'s name (built only when there is something to place: this runs for every
+        node)."""
         structure = self.structure
         scheduled = self.scheduled
-        stack = [p for p in structure.preds[node] if not scheduled[p]]
-        if not stack:
+        preds = structure.preds[node]
+        for p in preds:  # usually every input is placed already: nothing to build
+            if not scheduled[p]:
+                break
+        else:
             return
+        stack = [p for p in preds if not scheduled[p]]
+        why = f"{why} {structure.names[node]}"
         todo: list[int] = []
         seen: set[int] = set()
         while stack:
@@ -269,7 +276,7 @@ class ListScheduler:
             if not blocking and self.clock.end[oldest] > self.clock.now:
                 return False
             for w in waits:
-                self._place_deps(w, f"needed by {self.structure.names[w]}")
+                self._place_deps(w, "needed by")
                 self._place(w)
                 if not self.why[w]:
                     self.why[w] = f"early: frees a max_prefetch={max_prefetch} slot of group {g!r}"
@@ -334,7 +341,7 @@ class ListScheduler:
                     charged.update(mine)
                     keep.append(w)
                     continue
-            self._place_deps(w, f"needed by {self.structure.names[w]}")
+            self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
                 self.why[w] = f"early: keeping {nbytes} B of inputs alive longer would exceed the memory limit"
@@ -351,7 +358,7 @@ class ListScheduler:
             if self.scheduled[c]:
                 continue
             self._check_holds(c)
-            self._place_deps(c, f"needed by collective {structure.names[c]}")
+            self._place_deps(c, "needed by collective")
             if self.max_prefetch is not None and structure.fsdp[c]:
                 if not self._make_room(structure.group[c], blocking=True):
                     self.cap_exceeded += 1
@@ -399,7 +406,7 @@ class ListScheduler:
         duration runs in time the compute stream would otherwise spend blocked."""
         freed = self.memory.frees_if_run(w)
         if freed > 0 or idle or not self.structure.succs[w]:
-            self._place_deps(w, f"needed by {self.structure.names[w]}")
+            self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
                 if freed:
@@ -491,7 +498,8 @@ class ListScheduler:
             self.fence_ptr += 1
         fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else structure.n
         while True:
-            self._issue_ready(frontier, chosen, fence)
+            if self.candidates:  # on about half the steps there is none
+                self._issue_ready(frontier, chosen, fence)
             if not self._hoist_one(frontier, chosen, fence):
                 break
 
@@ -517,7 +525,7 @@ class ListScheduler:
                 self.gate[c] = why
                 retry.append(c)
                 continue
-            self._place_deps(c, f"needed by collective {structure.names[c]}")
+            self._place_deps(c, "needed by collective")
             self._place(c)
             self.why[c] = "prefetched" if structure.fsdp[c] else "not FSDP-like: issued as soon as its inputs were ready"
         for c in retry:
@@ -773,7 +781,7 @@ class ListScheduler:
                 continue
             if structure.kind[w] != WAIT:
                 raise InternalError(f"{structure.names[w]} was left unscheduled")
-            self._place_deps(w, f"needed by {structure.names[w]}")
+            self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
                 self.why[w] = "at the end of the graph"
@@ -786,22 +794,30 @@ class ListScheduler:
             self._available(i)
         computes = structure.computes
         nc = len(computes)
+        collectives = structure.collectives
         scheduled = self.scheduled
+        clock = self.clock
+        finishing = self.finishing
+        overdue_heap = self.overdue_heap
+        # the guards before each step part below are the parts' own first tests, taken here because most steps
+        # have nothing due, nothing finished and nothing overdue (a call per step and part adds up)
         while True:
             while self.front_ptr < nc and scheduled[computes[self.front_ptr]]:
                 self.front_ptr += 1
             if self.front_ptr == nc:
                 break
             frontier = computes[self.front_ptr]
-            self._issue_due(frontier)
-            self._release_finished()
+            if self.due_ptr < len(collectives) and collectives[self.due_ptr] < frontier:
+                self._issue_due(frontier)
+            if finishing and finishing[0][0] <= clock.now:
+                self._release_finished()
             chosen = self._choose(frontier)
             release = self._release_time(chosen)
-            if release > self.clock.now:
+            if release > clock.now:
                 self._release_finished(horizon=release)
-            if chosen == frontier:
+            if chosen == frontier and (self.overdue or (overdue_heap and overdue_heap[0] < frontier)):
                 self._check_holds(frontier)
-            self._place_deps(chosen, f"before its first consumer {structure.names[chosen]}")
+            self._place_deps(chosen, "before its first consumer")
             self._prefetch(frontier, chosen)
             if scheduled[chosen]:
                 raise InternalError(f"{structure.names[chosen]} was scheduled twice")

@@ -48,8 +48,9 @@ class Structure:
         self.n = n
         self.names = [node.name for node in nodes]
         kind = bytearray(n)
+        collective = NodeKind.COLLECTIVE  # a local: reading an enum member off its class costs several times more
         for i, node in enumerate(nodes):
-            if node.kind is NodeKind.COLLECTIVE:
+            if node.kind is collective:
                 kind[i] = COLLECTIVE
         # a wait on nothing we know (-1) is an ordinary node on the compute stream
         coll_of = wait_collectives(dag)

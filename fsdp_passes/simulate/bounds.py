@@ -34,7 +34,8 @@ def lower_bound(dag: Dag, durations: Sequence[float]) -> float:
     if len(durations) != n:
         raise ValueError(f"{len(durations)} durations for {n} nodes")
     dur = [float(d) for d in durations]
-    is_coll = [node.kind is NodeKind.COLLECTIVE for node in nodes]
+    collective = NodeKind.COLLECTIVE
+    is_coll = [node.kind is collective for node in nodes]
     compute_total = sum(d for d, c in zip(dur, is_coll) if not c)
 
     waits: list[list[int]] = [[] for _ in range(n)]

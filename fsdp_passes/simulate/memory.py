@@ -21,6 +21,9 @@ order with them, the reordering policy advances them node by node while it build
 
 from __future__ import annotations
 
+from collections import Counter
+from itertools import accumulate, chain
+from operator import sub
 from typing import Iterable, Iterator, Sequence
 
 from ..dag.graph import Dag, NodeKind, buffer_readers, buffer_roots
@@ -32,8 +35,9 @@ def wait_collectives(dag: Dag) -> list[int]:
     """For every node, the collective it waits on, or -1 (not a wait, or a wait with no collective)."""
     nodes = dag.nodes
     out = [-1] * len(nodes)
+    wait = NodeKind.WAIT  # a local: reading an enum member off its class costs several times more
     for i, node in enumerate(nodes):
-        if node.kind is not NodeKind.WAIT:
+        if node.kind is not wait:
             continue
         c = node.collective_of
         if c is None:
@@ -102,23 +106,28 @@ class MemoryModel:
                 for b in buffers_of(root[i]):
                     pinned[b] = 1
         # per node, the buffers it uses: its own (or those of the node it aliases) and those it reads
-        uses: list[list[int]] = []
         preds = dag.preds
-        for v in range(n):
-            lst = list(buffers_of(root[v]))
-            for p in preds[v]:
-                r = root[p]
-                if p == r and r in read_by:
-                    lst.extend(read_by[r].get(v, ()))
-                else:
-                    lst.extend(buffers_of(r))
-            uses.append(lst)
+        if parts:
+            uses: list[list[int]] = []
+            for v in range(n):
+                lst = list(buffers_of(root[v]))
+                for p in preds[v]:
+                    r = root[p]
+                    if p == r and r in read_by:
+                        lst.extend(read_by[r].get(v, ()))
+                    else:
+                        lst.extend(buffers_of(r))
+                uses.append(lst)
+        else:  # every node is one buffer (the usual case): the same lists without a call per use
+            root_of = root.__getitem__
+            uses = [[root[v], *map(root_of, ps)] for v, ps in enumerate(preds)]
         waits_of: dict[int, list[int]] = {}
         for w, c in enumerate(waited):
             if c >= 0:
                 waits_of.setdefault(c, []).append(w)
+        collective = NodeKind.COLLECTIVE
         for i, node in enumerate(nodes):
-            if node.kind is not NodeKind.COLLECTIVE:
+            if node.kind is not collective:
                 continue
             own = buffers_of(root[i])
             inputs = [b for b in uses[i] if b not in own]
@@ -130,14 +139,12 @@ class MemoryModel:
                 for w in ws:
                     uses[w].extend(inputs)
         freeable = [bool(size[b]) and not pinned[b] for b in range(nb)]
-        users = [0] * nb
-        for v, lst in enumerate(uses):
-            lst = [b for b in lst if freeable[b]]
-            if len(lst) > 1:
-                lst = sorted(set(lst))  # a node counts once per buffer it uses
-            uses[v] = lst
-            for b in lst:
-                users[b] += 1
+        is_freeable = freeable.__getitem__
+        # sorted and without repeats: a node counts once per buffer it uses
+        uses = [sorted(set(filter(is_freeable, lst))) if len(lst) > 1 else lst if is_freeable(lst[0]) else []
+                for lst in uses]
+        counts = Counter(chain.from_iterable(uses))
+        users = [counts[b] for b in range(nb)] if counts else [0] * nb
         self.n = n
         self.n_buffers = nb
         self.root = root
@@ -178,13 +185,8 @@ class MemoryModel:
                 allocated[pos[owner[b]]] += a
                 if last[b] >= 0:  # else never freed (an output, or an input of a collective nobody waits on)
                     freed[last[b]] += a
-        curve = [0] * n
-        live = 0
-        for p in range(n):
-            live += allocated[p]
-            curve[p] = live
-            live -= freed[p]
-        return curve
+        # live at position p: all allocated up to p, less all freed before p (a running sum, at C speed)
+        return list(accumulate(map(sub, allocated, chain((0,), freed))))
 
     def freed_by(self, order: Iterable[int]) -> list[int]:
         """Bytes freed right after each node id runs, when run in ``order``."""

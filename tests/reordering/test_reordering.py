@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fsdp_passes.dag import CollectiveOp, Dag, NodeKind
 from fsdp_passes.reordering import HeadroomTree, ListScheduler, Structure, evaluate, plan_order
+from fsdp_passes.reordering.headroom import EMPTY_MAX, RangeMaxTree
 from fsdp_passes.simulate.memory import MemoryModel
 from fsdp_passes.reordering import plan as plan_module
 from fsdp_passes.reordering.scheduler import ScheduleOutcome
@@ -455,6 +456,30 @@ def test_headroom_tree_matches_a_list(ops, values, block):
         elif lo < hi:
             assert tree.max(lo, hi) == max(ref[lo:hi])
 
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(-50, 50), st.integers(0, 2)),
+                max_size=60),
+       st.lists(st.integers(-100, 100), min_size=1, max_size=40))
+def test_range_max_tree_matches_a_list(ops, values):
+    # the block tree alone: range adds, point adds, range maxima and point values on any number of leaves
+    tree = RangeMaxTree(list(values))
+    ref = list(values)
+    n = len(ref)
+    for lo, hi, v, what in ops:
+        lo, hi = min(lo, n), min(hi, n)
+        if what == 0:
+            tree.add(lo, hi, v)
+            for k in range(lo, hi):
+                ref[k] += v
+        elif what == 1 and lo < n:
+            tree.add_point(lo, v)
+            ref[lo] += v
+        elif lo < hi:
+            assert tree.max(lo, hi) == max(ref[lo:hi])
+            assert tree.value(lo) == ref[lo]
+    assert tree.max(0, 0) == EMPTY_MAX
 
 # -- random DAGs ---------------------------------------------------------------------------------------------
 @st.composite
