@@ -31,7 +31,14 @@ On a ``"gloo"`` profile only the ring runs (gloo has no tree or LL protocol), an
 the ring all-reduce of its full input: ProcessGroupGloo's ``reduce_scatter_tensor_coalesced`` clones the
 input, all-reduces it and copies out this rank's chunk, so it moves ``2·nbytes·(n−1)/n``, twice a ring
 reduce-scatter (seen on a 400 Mbit/s link, 16 MiB, 2 ranks: all-gather 0.22 s, reduce-scatter 0.36 s,
-all-reduce 0.35 s).
+all-reduce 0.35 s).  A gloo all-gather (``gloo/allgather.cc``: a ring that sends each rank's shard as two
+half chunks) pays for one half-shard chunk more than the ring's transfer, less what the sender's socket
+takes without waiting (``GLOO_UNBLOCKED_BYTES``): gloo's TCP pair sends a message only after the peer's
+ready-to-receive notice, which travels on the same connection behind data, so the rank that enters the call
+first writes its first chunk before its own notice reaches the other rank, which starts sending that much
+late (measured on the emulated 400 Mbit link, 2 ranks: a 16 MiB all-gather took 258 ms, 1.5x the 168 ms of
+8 MiB per direction, and the byte counts show one rank silent for one 4 MiB chunk time; a 1 MiB all-gather's
+256 KiB chunks start on time).
 Any other collective (broadcast, barrier, ...) is priced as a pipelined ring broadcast: ring latency plus
 ``nbytes / busbw``, charged even for zero bytes (a barrier still costs its latency).
 """
@@ -173,6 +180,12 @@ def _protocols(profile: ClusterProfile, topo: GroupTopology, busbw: float) -> li
     return out
 
 
+#: bytes a gloo rank writes into its TCP socket before the peer must read them: a chunk up to this size does
+#: not delay the peer's start (read off the emulated-link sweep it is checked against: 1 MiB all-gathers on
+#: time, 4 MiB ones 1 MiB chunk late less about this much; about Linux's default socket send buffer)
+GLOO_UNBLOCKED_BYTES = 256 * 1024
+
+
 def _ms(latency_us: float, bytes_on_wire: float, bw_gbps: float) -> float:
     # GB/s = 1e9 B/s -> bytes / (bw * 1e9) s = bytes / (bw * 1e6) ms
     return latency_us / 1e3 + bytes_on_wire / (bw_gbps * 1e6)
@@ -218,6 +231,8 @@ def estimate_collective(
                 ring_intra = max(h_intra, profile.net_overhead_us * (3 if proto == "simple" else 1))
             lat = lat_floor(ring_base + (steps - inter_steps) * ring_intra + inter_steps * h_inter)
             wire = nbytes if op is CollectiveOp.OTHER else passes * nbytes * frac
+            if gloo and op is CollectiveOp.ALL_GATHER:  # one half-shard chunk starts late (module docstring)
+                wire += max(0.0, nbytes / n / 2 - GLOO_UNBLOCKED_BYTES)
             candidates.append(CollectiveEstimate(_ms(lat, wire, bw), "ring", proto, lat, bw))
         if op is CollectiveOp.ALL_REDUCE and not gloo:
             depth_intra = topo.max_ranks_per_node - 1
