@@ -400,7 +400,7 @@ def predict_kernels(dag: Dag) -> Dag:
     group_members = {}
     for v in range(m):
         group_members.setdefault(groups.find(v), []).append(v)
-    return _contract(dag, units, succs, groups, group_members)
+    return _contract(dag, units, succs, groups, group_members, set(inlined_into))
 
 
 def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None:
@@ -588,7 +588,7 @@ def _kernel_name(nodes: list[DagNode], units: list[_Unit], succs: list[list[int]
 
 
 def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
-              group_members: dict[int, list[int]]) -> Dag:
+              group_members: dict[int, list[int]], inlined: set[int]) -> Dag:
     nodes = dag.nodes
     graph_inputs = {name: nbytes for node in nodes for name, nbytes in node.input_reads.items()}
     roots = sorted(group_members, key=lambda r: min(units[v].pos for v in group_members[r]))
@@ -644,6 +644,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         written = 0
         graph_output_bytes = 0
         buffers: list[OutputBuffer] = []
+        internal = 0
         read_in_place = False
         for v in members:
             u = units[v]
@@ -669,6 +670,10 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                     readers -= copy_for
                 buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in readers)),
                                             graph_output=returned))
+            elif u.members and v not in inlined and u.out_bytes:
+                # realised, read only inside the kernel: no memory holds it, Inductor's estimate counts it
+                internal += u.out_bytes
+                buffers.append(OutputBuffer(u.out_bytes, (), allocated=False))
         is_output = any(units[v].members and units[v].graph_output for v in members)
         name = kernel_name[r]
         if fx_members:
@@ -684,11 +689,12 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         label = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
         out_nodes.append(DagNode(
             name=name, kind=NodeKind.COMPUTE, op=f"kernel[{label or 'copy'}]",
-            in_bytes=in_bytes + written, out_bytes=out_bytes, non_owning_bytes=written,
+            in_bytes=in_bytes + written, out_bytes=out_bytes, non_owning_bytes=written + internal,
             graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
-            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place else (),
+            input_reads=input_reads,
+            output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place or internal else (),
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}
