@@ -18,12 +18,20 @@ DAG of the same graph gets after Inductor's fusion:
   longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU); a kernel
   whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
+- a pointwise op read by several kernels is computed inside each of them unless Inductor realises it
+  (``should_realize_on_reuse`` on CPU: an expensive op such as ``sigmoid`` or ``exp`` in its expression, or
+  more loads than ``realize_reads_threshold``);
+- then Inductor's own fusion rounds: kernels sharing a buffer they read whole (or one writing what the other
+  reads) with loops of the same size fuse, most shared bytes first, unless a path through another kernel
+  joins them (a producer with a consumer that also waits for a matmul; kernels of two layers reading one
+  buffer: horizontal fusion);
 - a concatenation (a bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
   its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
-outputs read outside it or returned by the graph; only those outputs are allocated, each its own buffer
+outputs read outside it or returned by the graph; only those outputs are allocated (a realised member read only
+inside the kernel is counted by Inductor's peak-memory estimate, not allocated), each its own buffer
 (``DagNode.output_buffers``, freed after its own readers), as at the scheduler level, where buffers exist
 only at fused-kernel boundaries.  A scatter into a kernel's buffer that only it reads (an embedding
 gradient accumulated into zeros) writes in place, as Inductor does: it allocates nothing and its readers keep
