@@ -18,12 +18,20 @@ DAG of the same graph gets after Inductor's fusion:
   longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU); a kernel
   whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
+- a pointwise op read by several kernels is computed inside each of them unless Inductor realises it
+  (``should_realize_on_reuse`` on CPU: an expensive op such as ``sigmoid`` or ``exp`` in its expression, or
+  more loads than ``realize_reads_threshold``);
+- then Inductor's own fusion rounds: kernels sharing a buffer they read whole (or one writing what the other
+  reads) with loops of the same size fuse, most shared bytes first, unless a path through another kernel
+  joins them (a producer with a consumer that also waits for a matmul; kernels of two layers reading one
+  buffer: horizontal fusion);
 - a concatenation (a bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
   its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
-outputs read outside it or returned by the graph; only those outputs are allocated, each its own buffer
+outputs read outside it or returned by the graph; only those outputs are allocated (a realised member read only
+inside the kernel is counted by Inductor's peak-memory estimate, not allocated), each its own buffer
 (``DagNode.output_buffers``, freed after its own readers), as at the scheduler level, where buffers exist
 only at fused-kernel boundaries.  A scatter into a kernel's buffer that only it reads (an embedding
 gradient accumulated into zeros) writes in place, as Inductor does: it allocates nothing and its readers keep
@@ -67,6 +75,8 @@ REDUCTION_OPS = frozenset({
     "sum", "mean", "amax", "amin", "max", "min", "prod", "var", "var_mean", "std", "argmax", "argmin", "any",
     "all", "logsumexp", "cumsum", "cumprod", "sort", "topk",
 })
+#: ops that make Inductor realise a pointwise value read by several kernels (on CPU)
+_EXPENSIVE_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
 #: ops Inductor lowers to a view although their schema does not say so
 _VIEW_OPS = frozenset({"_unsafe_view", "alias", "view_as_real", "view_as_complex", "getitem"})
 #: views that copy when the input layout cannot be viewed in the new shape
@@ -89,6 +99,7 @@ class _Unit:
     after: list[int] = field(default_factory=list)  # units it must follow without reading them (order only)
     inlinable: bool = False  # a pointwise op Inductor computes inside its reader
     fuses_with_producers: bool = True  # False for a reduction over outer dimensions
+    loop_numel: int = 0  # elements its loop runs over (the largest of its input and output tensors)
     # (owner unit or None for a graph input, buffer key, bytes read, bytes of the whole buffer)
     reads: list[tuple[int | None, Any, int, int]] = field(default_factory=list)
     writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
@@ -173,6 +184,14 @@ def _reduces_inner_dims(node: DagNode) -> bool:
     return norm == list(range(ndim - len(norm), ndim))
 
 
+def _loop_numel(node: DagNode) -> int:
+    sizes = [_val(node.origin)] + [_val(a) for a in node.origin.all_input_nodes]
+    try:
+        return max((as_int(v.numel()) for v in sizes if isinstance(v, torch.Tensor)), default=0)
+    except ValueError:
+        return 0
+
+
 def _bytes(value: Any) -> int:
     try:
         return tensor_bytes(value)
@@ -246,6 +265,7 @@ def predict_kernels(dag: Dag) -> Dag:
             base = _base_op(node)[1]
             u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
             u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
+            u.loop_numel = _loop_numel(node)
         units.append(u)
     for i in range(n):
         if is_view[i] and owner_node[i] is not None:
@@ -257,7 +277,7 @@ def predict_kernels(dag: Dag) -> Dag:
         j = dag.index.get(fx_input.name)
         if j is not None and owner_node[j] is not None:
             o = owner_node[j]
-            return unit_of[o], o, nbytes, nodes[o].out_bytes or nbytes
+            return unit_of[o], o, nbytes, nodes[o].out_bytes or _bytes(_val(nodes[o].origin)) or nbytes
         root = fx_input  # a graph input, or a view of one
         while dag.index.get(root.name) is not None and root.all_input_nodes:
             root = root.all_input_nodes[0]
@@ -309,6 +329,7 @@ def predict_kernels(dag: Dag) -> Dag:
             if unit_of[a] is not None and unit_of[b] is not None:
                 units[unit_of[b]].after.append(unit_of[a])
     _mark_graph_outputs(dag, units, unit_of, owner_node, is_view)
+    _recompute_cheap_pointwise(units, nodes)
 
     m = len(units)
     succs: list[list[int]] = [[] for _ in range(m)]
@@ -381,11 +402,127 @@ def predict_kernels(dag: Dag) -> Dag:
         joined = group_members.pop(r, []) + group_members.pop(g, [])
         group_members[groups.find(r)] = joined
 
+    _fuse_sharing_kernels(units, succs, groups, topo)
+
     # -- 4. one DAG node per group / kept unit
     group_members = {}
     for v in range(m):
         group_members.setdefault(groups.find(v), []).append(v)
-    return _contract(dag, units, succs, groups, group_members)
+    return _contract(dag, units, succs, groups, group_members, set(inlined_into))
+
+
+def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None:
+    """A pointwise op read by several fused kernels is computed inside each of them unless Inductor realises
+    it (``should_realize_on_reuse`` on CPU: its expression, with the producers computed inside it, uses an
+    expensive op such as ``exp`` or ``sigmoid``, or loads more than ``realize_reads_threshold`` buffers):
+    every reader but the first reads its inputs instead of its buffer, and the first computes it inside."""
+    from torch._inductor import config as inductor_config
+
+    max_reads = inductor_config.realize_reads_threshold
+    readers: list[list[int]] = [[] for _ in units]
+    for v, u in enumerate(units):
+        for p in dict.fromkeys(u.preds):
+            readers[p].append(v)
+    topo = _topological(units)
+    heavy = [False] * len(units)
+    loads: list[set[Any]] = [set() for _ in units]
+    recompute: list[int] = []
+    for v in topo:
+        u = units[v]
+        if u.kind is not _FUSABLE or not u.members:
+            continue
+        inner = [p for p in dict.fromkeys(u.preds) if units[p].kind is _FUSABLE and units[p].inlinable
+                 and not units[p].graph_output and units[p].members and (readers[p] == [v] or p in recompute)]
+        heavy[v] = _base_op(nodes[u.members[0]])[1] in _EXPENSIVE_OPS or any(heavy[p] for p in inner)
+        loads[v] = {r[1] for r in u.reads if r[0] not in inner}.union(*(loads[p] for p in inner))
+        if (u.inlinable and not u.graph_output and len(readers[v]) > 1 and not heavy[v]
+                and len(loads[v]) <= max_reads
+                and all(units[r].kind is _FUSABLE and units[r].members for r in readers[v])):
+            recompute.append(v)
+    for v in reversed(recompute):  # later ones first: their readers then read these ones
+        u = units[v]
+        rs = sorted({r for r in range(len(units)) if v in units[r].preds}, key=lambda r: units[r].pos)
+        for r in rs[1:]:
+            reader = units[r]
+            reader.preds = [p for p in reader.preds if p != v] + list(u.preds)
+            reader.reads = [rd for rd in reader.reads if rd[0] != v] + list(u.reads)
+
+
+def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _Groups, topo: list[int]) -> None:
+    """Inductor's own fusion rounds on the predicted kernels: two kernels that share a buffer (one writes what
+    the other reads, or both read it) and run loops of the same size fuse, the most shared bytes first, unless
+    a path through another kernel joins them (the fused kernel would depend on itself).  This fuses what the
+    rules above keep apart: a producer with a consumer that also waits for an extern kernel (it runs later,
+    with that consumer), and kernels of different layers reading the same buffer (horizontal fusion)."""
+    m = len(units)
+    rank = {v: k for k, v in enumerate(topo)}
+    for _ in range(10):  # Inductor's rounds
+        members: dict[int, list[int]] = {}
+        for v in range(m):
+            members.setdefault(groups.find(v), []).append(v)
+        fusable = {r for r, ms in members.items()
+                   if all(units[v].kind is _FUSABLE and units[v].members and not units[v].writes_into for v in ms)}
+        gsuccs: dict[int, set[int]] = {r: set() for r in members}
+        for v in range(m):
+            for p in units[v].preds + units[v].after:
+                rp, rv = groups.find(p), groups.find(v)
+                if rp != rv:
+                    gsuccs[rp].add(rv)
+        # descendants of every kernel, as bit sets, latest kernels first
+        gpreds = {r: set() for r in members}
+        for r, ss in gsuccs.items():
+            for t in ss:
+                gpreds[t].add(r)
+        order = _ordered_by(gpreds, {r: min(rank[v] for v in members[r]) for r in members})[::-1]
+        bit = {r: 1 << k for k, r in enumerate(order)}
+        desc: dict[int, int] = {}
+        for r in order:
+            d = 0
+            for s in gsuccs[r]:
+                d |= bit[s] | desc[s]
+            desc[r] = d
+        numel = {r: max(units[v].loop_numel for v in members[r]) for r in fusable}
+        # shared buffers: key -> (bytes, kernels using it)
+        users: dict[Any, set[int]] = {}
+        size: dict[Any, int] = {}
+        for r in fusable:
+            for v in members[r]:
+                for src, key, nbytes, whole in units[v].reads:
+                    if src is not None and groups.find(src) == r or nbytes < whole:
+                        continue  # a slice: kernels reading different parts of a buffer share nothing
+                    k = ("unit", src) if src is not None else ("input", key)
+                    users.setdefault(k, set()).add(r)
+                    size[k] = max(size.get(k, 0), min(nbytes, whole))
+                    if src is not None and groups.find(src) in fusable:
+                        users[k].add(groups.find(src))
+        score: dict[tuple[int, int], int] = {}
+        for k, rs in users.items():
+            rs = sorted(rs)
+            for i, a in enumerate(rs):
+                for b in rs[i + 1:]:
+                    if numel[a] == numel[b]:
+                        score[(a, b)] = score.get((a, b), 0) + size[k]
+        merged: set[int] = set()
+        for (a, b), _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0])):
+            if a in merged or b in merged:
+                continue
+            if desc[a] & bit[b]:
+                first, second = a, b
+            elif desc[b] & bit[a]:
+                first, second = b, a
+            else:
+                first, second = a, None
+            if second is not None:
+                # a consumer reducing over outer dimensions runs its own loop
+                if not all(units[v].fuses_with_producers for v in members[second]
+                           if any(groups.find(p) == first for p in units[v].preds)):
+                    continue
+                if any(desc[s] & bit[second] for s in gsuccs[first] if s != second):
+                    continue  # a path through another kernel
+            merged.update((a, b))
+            groups.union(a, b)
+        if not merged:
+            return
 
 
 def _reads_as_addmm(unit: _Unit, nodes: list[DagNode]) -> bool:
@@ -459,7 +596,7 @@ def _kernel_name(nodes: list[DagNode], units: list[_Unit], succs: list[list[int]
 
 
 def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Groups,
-              group_members: dict[int, list[int]]) -> Dag:
+              group_members: dict[int, list[int]], inlined: set[int]) -> Dag:
     nodes = dag.nodes
     graph_inputs = {name: nbytes for node in nodes for name, nbytes in node.input_reads.items()}
     roots = sorted(group_members, key=lambda r: min(units[v].pos for v in group_members[r]))
@@ -515,6 +652,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         written = 0
         graph_output_bytes = 0
         buffers: list[OutputBuffer] = []
+        internal = 0
         read_in_place = False
         for v in members:
             u = units[v]
@@ -540,6 +678,10 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                     readers -= copy_for
                 buffers.append(OutputBuffer(u.out_bytes, tuple(sorted(kernel_name[g] for g in readers)),
                                             graph_output=returned))
+            elif u.members and v not in inlined and u.out_bytes:
+                # realised, read only inside the kernel: no memory holds it, Inductor's estimate counts it
+                internal += u.out_bytes
+                buffers.append(OutputBuffer(u.out_bytes, (), allocated=False))
         is_output = any(units[v].members and units[v].graph_output for v in members)
         name = kernel_name[r]
         if fx_members:
@@ -555,11 +697,12 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
         label = ",".join(ops[:4]) + (",..." if len(ops) > 4 else "")
         out_nodes.append(DagNode(
             name=name, kind=NodeKind.COMPUTE, op=f"kernel[{label or 'copy'}]",
-            in_bytes=in_bytes + written, out_bytes=out_bytes, non_owning_bytes=written,
+            in_bytes=in_bytes + written, out_bytes=out_bytes, non_owning_bytes=written + internal,
             graph_output_bytes=graph_output_bytes,
             dtype=next((nodes[i].dtype for i in fx_members if nodes[i].dtype), src.dtype),
             flops=sum(nodes[i].flops for i in fx_members), is_output=is_output, module_fqn=fqn, origin=origin,
-            input_reads=input_reads, output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place else (),
+            input_reads=input_reads,
+            output_buffers=tuple(buffers) if len(buffers) > 1 or read_in_place or internal else (),
         ))
     # collectives and waits: re-point the wait at its collective's new id; the wait aliases it
     fx_to_new: dict[int, int] = {}
