@@ -241,13 +241,14 @@ def write_scheduler_dump(
     """Write the dump folder of one graph (see the module docstring), emit the structured-trace artifacts
     and DEBUG-log the move reasons.  ``timelines`` are (before, after) ``simulate`` results of the two
     orders (simulated here when None, with ``overlap``: what overlapping costs, also written to ``dag.json``);
-    ``fx_report`` is the FX pass report of the same graph.  Returns the folder, or None without ``debug_dir`` or on failure
-    (which is a warning, never an exception).
+    ``fx_report`` is the FX pass report of the same graph.  Returns the folder, or None without
+    ``debug_dir`` or on failure (which is a warning, never an exception).
     """
     try:
         log_move_reasons(report, dag, before_order, after_order)
         if timelines is None:
-            timelines = (simulate(dag, before_order, durations, overlap), simulate(dag, after_order, durations, overlap))
+            timelines = (simulate(dag, before_order, durations, overlap),
+                         simulate(dag, after_order, durations, overlap))
         tb, ta = timelines
         summary = build_summary(report, timelines, dag, fx_report)
         before_txt = schedule_table(dag, before_order, durations, tb,
