@@ -411,14 +411,17 @@ def predict_kernels(dag: Dag) -> Dag:
     return _contract(dag, units, succs, groups, group_members, set(inlined_into))
 
 
+#: Inductor's ``config.realize_reads_threshold`` (its default; held against the installed Inductor by
+#: tests/inductor/test_inductor_defaults.py): a pointwise op that loads more buffers is realised, not recomputed
+REALIZE_READS_THRESHOLD = 4
+
+
 def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None:
     """A pointwise op read by several fused kernels is computed inside each of them unless Inductor realises
     it (``should_realize_on_reuse`` on CPU: its expression, with the producers computed inside it, uses an
     expensive op such as ``exp`` or ``sigmoid``, or loads more than ``realize_reads_threshold`` buffers):
     every reader but the first reads its inputs instead of its buffer, and the first computes it inside."""
-    from torch._inductor import config as inductor_config
-
-    max_reads = inductor_config.realize_reads_threshold
+    max_reads = REALIZE_READS_THRESHOLD
     readers: list[list[int]] = [[] for _ in units]
     for v, u in enumerate(units):
         for p in dict.fromkeys(u.preds):
