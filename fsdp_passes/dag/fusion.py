@@ -210,6 +210,17 @@ def _numel(value: Any) -> int:
         return 0
 
 
+def _unrolled(node: DagNode) -> bool:
+    """A reduction over fewer than ``unroll_reductions_threshold`` elements per output, which Inductor lowers to
+    a pointwise sum of loads (not a full reduction: nothing stops its fusion with a consumer)."""
+    from torch._inductor import config as inductor_config
+
+    out = _numel(_val(node.origin))
+    inputs = node.origin.all_input_nodes
+    src = _numel(_val(inputs[0])) if inputs else 0
+    return out > 1 and 0 < src < inductor_config.unroll_reductions_threshold * out
+
+
 def _slice_outer_loop(fx_input: Any, dim: Any) -> int:
     """Elements of the outermost loop of a concatenation's copy of ``fx_input`` along ``dim``: along the
     outermost non-trivial dimension the slice is one contiguous run (one loop over every element); along an
@@ -311,7 +322,7 @@ def predict_kernels(dag: Dag) -> Dag:
             u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
             u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
             u.loop_numel = _loop_numel(node)
-            if base in REDUCTION_OPS:
+            if base in REDUCTION_OPS and not _unrolled(node):
                 u.reduction_numel = _numel(_val(node.origin))
         units.append(u)
     for i in range(n):
