@@ -11,20 +11,26 @@ DAG of the same graph gets after Inductor's fusion:
   whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
   rank-major gathered buffer is one per member);
 - extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters (an embedding's
-  gradient accumulation) stay one kernel each, as do collectives and waits;
+  gradient accumulation) stay one kernel each, as do collectives and waits; a fallback kernel returning
+  several results (an attention backward) writes each as its own buffer, the ones read;
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
   longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
-  reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU); a kernel
+  reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU, with the
+  pointwise ops computed inside it) and from a reduction into a consumer whose outer loop is not the
+  reduction's output (the CPU backend fuses after a reduction only by outer-loop fusion: a bucket's
+  rank-major copy of a gradient reduction into its strided slice runs apart); a kernel
   whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
 - a pointwise op read by several kernels is computed inside each of them unless Inductor realises it
   (``should_realize_on_reuse`` on CPU: an expensive op such as ``sigmoid`` or ``exp`` in its expression, or
-  more loads than ``realize_reads_threshold``);
+  more loads than ``realize_reads_threshold``), with the ops computed inside it (each reader reads their
+  inputs);
 - then Inductor's own fusion rounds: kernels sharing a buffer they read whole (or one writing what the other
   reads) with loops of the same size fuse, most shared bytes first, unless a path through another kernel
   joins them (a producer with a consumer that also waits for a matmul; kernels of two layers reading one
-  buffer: horizontal fusion);
+  buffer: horizontal fusion) or both reduce, to outputs of different sizes (a weight's gradient, summed over
+  rows, stays apart from a normalisation's backward, summed over each row);
 - a concatenation (a bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
   its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
@@ -48,6 +54,7 @@ is the FX node of the kernel's first member, so it is for estimates, not for rew
 from __future__ import annotations
 
 import heapq
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,6 +107,10 @@ class _Unit:
     inlinable: bool = False  # a pointwise op Inductor computes inside its reader
     fuses_with_producers: bool = True  # False for a reduction over outer dimensions
     loop_numel: int = 0  # elements its loop runs over (the largest of its input and output tensors)
+    reduction_numel: int = 0  # a reduction: elements of its output (the loop it nests its reduction in)
+    # a concatenation copy: elements of its outermost loop (a slice along an inner dimension is strided, so its
+    # rows do not merge into one loop); 0: a loop starting with its producers' loops, as assumed elsewhere
+    outer_loop: int = 0
     # (owner unit or None for a graph input, buffer key, bytes read, bytes of the whole buffer)
     reads: list[tuple[int | None, Any, int, int]] = field(default_factory=list)
     writes_into: int = 0  # bytes a concatenation copy writes into the concatenation's buffer
@@ -192,6 +203,51 @@ def _loop_numel(node: DagNode) -> int:
         return 0
 
 
+def _numel(value: Any) -> int:
+    try:
+        return as_int(value.numel()) if isinstance(value, torch.Tensor) else 0
+    except ValueError:
+        return 0
+
+
+def _unrolled(node: DagNode) -> bool:
+    """A reduction over fewer than ``unroll_reductions_threshold`` elements per output, which Inductor lowers to
+    a pointwise sum of loads (not a full reduction: nothing stops its fusion with a consumer)."""
+    from torch._inductor import config as inductor_config
+
+    out = _numel(_val(node.origin))
+    inputs = node.origin.all_input_nodes
+    src = _numel(_val(inputs[0])) if inputs else 0
+    return out > 1 and 0 < src < inductor_config.unroll_reductions_threshold * out
+
+
+def _slice_outer_loop(fx_input: Any, dim: Any) -> int:
+    """Elements of the outermost loop of a concatenation's copy of ``fx_input`` along ``dim``: along the
+    outermost non-trivial dimension the slice is one contiguous run (one loop over every element); along an
+    inner one each row before ``dim`` starts a new run, so the copy loops over those rows outside."""
+    v = _val(fx_input)
+    numel = _numel(v)
+    if not isinstance(v, torch.Tensor) or not isinstance(dim, int) or not v.dim():
+        return numel
+    try:
+        rows = 1
+        for d in v.shape[:dim % v.dim()]:
+            rows *= as_int(d)
+    except ValueError:
+        return numel
+    return rows if rows > 1 else numel
+
+
+def _fuses_into(producer: _Unit, consumer: _Unit) -> bool:
+    """Whether the CPU backend fuses ``consumer`` with the ``producer`` it reads.  A reduction fuses with a
+    consumer only by outer-loop fusion: the consumer's outermost loop must be the reduction's output (a
+    concatenation's copy of a reduction into a strided slice, a bucket's rank-major copy-in, runs apart); a
+    reduction over outer dimensions runs its own loop whatever it reads."""
+    if not consumer.fuses_with_producers:
+        return False
+    return not (producer.reduction_numel and consumer.outer_loop and consumer.outer_loop != producer.reduction_numel)
+
+
 def _bytes(value: Any) -> int:
     try:
         return tensor_bytes(value)
@@ -266,10 +322,25 @@ def predict_kernels(dag: Dag) -> Dag:
             u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
             u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
             u.loop_numel = _loop_numel(node)
+            if base in REDUCTION_OPS and not _unrolled(node):
+                u.reduction_numel = _numel(_val(node.origin))
         units.append(u)
     for i in range(n):
         if is_view[i] and owner_node[i] is not None:
             unit_of[i] = unit_of[owner_node[i]]
+
+    def _output_key(o: int, fx_input: fx.Node) -> Any:
+        """The key of the buffer ``fx_input`` lives in: its owner node's id, or (id, k) for the k-th result of a
+        node returning several (a fallback kernel's: each result its own buffer)."""
+        owner = nodes[o].origin
+        if not isinstance(_val(owner), (list, tuple)):
+            return o
+        item = fx_input
+        while item.all_input_nodes and item.all_input_nodes[0] is not owner:
+            item = item.all_input_nodes[0]
+        if item is not owner and item.target is operator.getitem and isinstance(item.args[1], int):
+            return (o, item.args[1])
+        return o
 
     def read_of(fx_input: Any) -> tuple[int | None, Any, int, int]:
         """(unit owning the buffer ``fx_input`` lives in, buffer key, bytes read, buffer bytes)."""
@@ -277,7 +348,7 @@ def predict_kernels(dag: Dag) -> Dag:
         j = dag.index.get(fx_input.name)
         if j is not None and owner_node[j] is not None:
             o = owner_node[j]
-            return unit_of[o], o, nbytes, nodes[o].out_bytes or _bytes(_val(nodes[o].origin)) or nbytes
+            return unit_of[o], _output_key(o, fx_input), nbytes, nodes[o].out_bytes or _bytes(_val(nodes[o].origin)) or nbytes
         root = fx_input  # a graph input, or a view of one
         while dag.index.get(root.name) is not None and root.all_input_nodes:
             root = root.all_input_nodes[0]
@@ -292,12 +363,13 @@ def predict_kernels(dag: Dag) -> Dag:
         if unit.kind is _NOP:
             # ConcatKernel: a copy unit per input writes that input's bytes into the result's slice
             copies = []
+            cat_dim = origin.args[1] if len(origin.args) > 1 else origin.kwargs.get("dim", 0)
             for a in origin.args[0] if origin.args and isinstance(origin.args[0], (list, tuple)) else []:
                 if not isinstance(a, fx.Node):
                     continue
                 r = read_of(a)
                 src_unit = r[0]
-                c = _Unit(kind=_FUSABLE, members=[], pos=i - 0.5, writes_into=r[2])
+                c = _Unit(kind=_FUSABLE, members=[], pos=i - 0.5, writes_into=r[2], outer_loop=_slice_outer_loop(a, cat_dim))
                 c.reads.append(r)
                 if src_unit is not None:
                     c.preds.append(src_unit)
@@ -368,15 +440,16 @@ def predict_kernels(dag: Dag) -> Dag:
     for v in reversed(topo):
         if v in inlined_into:
             eff_depth[v] = eff_depth[inlined_into[v]]
+            # computed inside a reduction over outer dimensions, it runs in that loop, apart from its producers
+            units[v].fuses_with_producers = units[v].fuses_with_producers and units[inlined_into[v]].fuses_with_producers
     for v in topo:
         if units[v].kind is not _FUSABLE:
             continue
         if v in inlined_into:
             groups.union(v, inlined_into[v])
-        if not units[v].fuses_with_producers:
-            continue
         for p in units[v].preds:
-            if units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]:
+            if (units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]
+                    and _fuses_into(units[p], units[v])):
                 groups.union(p, v)
 
     # a kernel all of whose outputs are read by one other kernel joins it: every path out of it enters that
@@ -395,8 +468,8 @@ def predict_kernels(dag: Dag) -> Dag:
         if len(readers) != 1:
             continue
         (g,) = readers
-        if units[g].kind is not _FUSABLE or not all(units[w].fuses_with_producers for w in group_members[g]
-                                                    if any(groups.find(p) == r for p in units[w].preds)):
+        if units[g].kind is not _FUSABLE or not all(_fuses_into(units[p], units[w]) for w in group_members[g]
+                                                    for p in units[w].preds if groups.find(p) == r):
             continue
         groups.union(r, g)
         joined = group_members.pop(r, []) + group_members.pop(g, [])
@@ -429,6 +502,9 @@ def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None
     topo = _topological(units)
     heavy = [False] * len(units)
     loads: list[set[Any]] = [set() for _ in units]
+    # what computing a unit with the ops inside it reads: its preds and reads, those of the ops inside expanded
+    leaf_preds: list[list[int]] = [[] for _ in units]
+    leaf_reads: list[list[tuple[int | None, Any, int, int]]] = [[] for _ in units]
     recompute: list[int] = []
     for v in topo:
         u = units[v]
@@ -438,17 +514,20 @@ def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None
                  and not units[p].graph_output and units[p].members and (readers[p] == [v] or p in recompute)]
         heavy[v] = _base_op(nodes[u.members[0]])[1] in _EXPENSIVE_OPS or any(heavy[p] for p in inner)
         loads[v] = {r[1] for r in u.reads if r[0] not in inner}.union(*(loads[p] for p in inner))
+        leaf_preds[v] = list(dict.fromkeys([p for p in u.preds if p not in inner]
+                                           + [q for p in inner for q in leaf_preds[p]]))
+        leaf_reads[v] = list(dict.fromkeys([r for r in u.reads if r[0] not in inner]
+                                           + [r for p in inner for r in leaf_reads[p]]))
         if (u.inlinable and not u.graph_output and len(readers[v]) > 1 and not heavy[v]
                 and len(loads[v]) <= max_reads
                 and all(units[r].kind is _FUSABLE and units[r].members for r in readers[v])):
             recompute.append(v)
     for v in reversed(recompute):  # later ones first: their readers then read these ones
-        u = units[v]
         rs = sorted({r for r in range(len(units)) if v in units[r].preds}, key=lambda r: units[r].pos)
-        for r in rs[1:]:
+        for r in rs[1:]:  # each computes it with the ops computed inside it (read by it alone), from their inputs
             reader = units[r]
-            reader.preds = [p for p in reader.preds if p != v] + list(u.preds)
-            reader.reads = [rd for rd in reader.reads if rd[0] != v] + list(u.reads)
+            reader.preds = [p for p in reader.preds if p != v] + leaf_preds[v]
+            reader.reads = [rd for rd in reader.reads if rd[0] != v] + leaf_reads[v]
 
 
 def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _Groups, topo: list[int]) -> None:
@@ -485,6 +564,9 @@ def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _G
                 d |= bit[s] | desc[s]
             desc[r] = d
         numel = {r: max(units[v].loop_numel for v in members[r]) for r in fusable}
+        # the reductions' output sizes: two kernels reducing fuse only when they reduce alike (the same loop
+        # over the same output: a column reduction, a weight's gradient, stays apart from a row reduction)
+        reduced = {r: {units[v].reduction_numel for v in members[r]} - {0} for r in fusable}
         # shared buffers: key -> (bytes, kernels using it)
         users: dict[Any, set[int]] = {}
         size: dict[Any, int] = {}
@@ -503,7 +585,7 @@ def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _G
             rs = sorted(rs)
             for i, a in enumerate(rs):
                 for b in rs[i + 1:]:
-                    if numel[a] == numel[b]:
+                    if numel[a] == numel[b] and (not reduced[a] or not reduced[b] or reduced[a] == reduced[b]):
                         score[(a, b)] = score.get((a, b), 0) + size[k]
         merged: set[int] = set()
         for (a, b), _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -516,9 +598,9 @@ def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _G
             else:
                 first, second = a, None
             if second is not None:
-                # a consumer reducing over outer dimensions runs its own loop
-                if not all(units[v].fuses_with_producers for v in members[second]
-                           if any(groups.find(p) == first for p in units[v].preds)):
+                # a consumer the backend does not fuse with what it reads (see _fuses_into)
+                if not all(_fuses_into(units[p], units[v]) for v in members[second]
+                           for p in units[v].preds if groups.find(p) == first):
                     continue
                 if any(desc[s] & bit[second] for s in gsuccs[first] if s != second):
                     continue  # a path through another kernel
@@ -628,6 +710,19 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                 node.out_bytes = 0
             node.is_output = head.graph_output and head.in_place_of is None
             node.graph_output_bytes = node.out_bytes if node.is_output else 0
+            results = src.origin.meta.get("val") if isinstance(src.origin, fx.Node) else None
+            if isinstance(results, (list, tuple)) and head.kind is _EXTERN and not node.is_output:
+                # a fallback kernel's results: each its own buffer, freed after its own readers; one nobody
+                # reads is never unpacked, and Inductor's estimate does not count it
+                readers_of: dict[int, set[str]] = {}
+                for w, unit in enumerate(units):
+                    g = groups.find(w)
+                    for src_unit, key, _, _ in unit.reads:
+                        if src_unit == members[0] and isinstance(key, tuple) and g != r:
+                            readers_of.setdefault(key[1], set()).add(kernel_name[g])
+                node.output_buffers = tuple(OutputBuffer(_bytes(results[k]), tuple(sorted(readers_of[k])))
+                                            for k in sorted(readers_of))
+                node.out_bytes = sum(b.nbytes for b in node.output_buffers)
             node.alias_of = None
             node.collective_of = None
             out_nodes.append(node)

@@ -57,6 +57,11 @@ class _MemoryGraph:
         # what Inductor counts a node allocating: a buffer laid out inside another one too
         self.size = [int(node.out_bytes) + int(node.non_owning_bytes)
                      if node.alias_of is None and node.op != "placeholder" else 0 for node in nodes]
+        # a fallback kernel whose results the FX prediction keeps as its own buffers: Inductor unpacks each in a
+        # node that allocates and reads nothing it counts (a MultiOutput), which its depth-first order reaches
+        # first, and through it the kernel: the kernel is visited as a node of no weight
+        self.unpacked = [bool(node.output_buffers) and not node.op.startswith("kernel[")
+                         and isinstance(getattr(node.origin, "meta", {}).get("val"), (tuple, list)) for node in nodes]
         buffer_size = list(self.size)
         producer = list(range(n))
         pinned = [False] * n
@@ -243,7 +248,8 @@ class _MemoryGraph:
 
     def depth_first(self) -> list[int]:
         n = self.n
-        weight = [self.size[v] + sum(self.buffer_size[b] for b in self.reads[v]) for v in range(n)]
+        weight = [0 if self.unpacked[v] else self.size[v] + sum(self.buffer_size[b] for b in self.reads[v])
+                  for v in range(n)]
         by_weight = sorted(range(n), key=lambda v: (weight[v], v))
         sorted_preds = [sorted(self.deps[v], key=lambda p: (weight[p], p)) for v in range(n)]
         seen = [False] * n
