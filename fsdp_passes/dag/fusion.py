@@ -210,15 +210,18 @@ def _numel(value: Any) -> int:
         return 0
 
 
+#: Inductor's ``config.unroll_reductions_threshold`` (held against the installed Inductor by
+#: tests/inductor/test_inductor_defaults.py)
+UNROLL_REDUCTIONS_THRESHOLD = 8
+
+
 def _unrolled(node: DagNode) -> bool:
     """A reduction over fewer than ``unroll_reductions_threshold`` elements per output, which Inductor lowers to
     a pointwise sum of loads (not a full reduction: nothing stops its fusion with a consumer)."""
-    from torch._inductor import config as inductor_config
-
     out = _numel(_val(node.origin))
     inputs = node.origin.all_input_nodes
     src = _numel(_val(inputs[0])) if inputs else 0
-    return out > 1 and 0 < src < inductor_config.unroll_reductions_threshold * out
+    return out > 1 and 0 < src < UNROLL_REDUCTIONS_THRESHOLD * out
 
 
 def _slice_outer_loop(fx_input: Any, dim: Any) -> int:
