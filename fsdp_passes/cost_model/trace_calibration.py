@@ -8,7 +8,8 @@ compiled model and measures:
   -> ``fused_relu_sum``; Inductor's C++ kernels appear in a CPU trace only with
   ``torch._inductor.config.cpp.enable_kernel_profile = True``), aten extern kernels of a CPU trace by op
   and input shapes (``aten::mm`` with ``record_shapes=True`` -> ``aten.mm float32[8,64];...``).
-  When the trace has device kernels (CUDA: ``cat == "kernel"`` on stream tracks) only those are timed.
+  When the trace has device kernels (CUDA: ``cat == "kernel"`` on stream tracks) only those are timed: an
+  extern op's time is that of the device kernels it launched (linked by the profiler's ``External id``).
   Each key gets the median of its occurrences.
 * **Collectives**, by op, size (the cost model's byte convention) and group size: the time a collective
   ran, which is the device-side event: gloo's ``gloo:all_gather`` / ``gloo:all_reduce`` on its worker
@@ -182,38 +183,72 @@ def _collectives(events: Iterable[Mapping[str, Any]], world: int | None, cal: Ca
     return count
 
 
-def _called_by_compiled_graph(events: list[Mapping[str, Any]]) -> set[int]:
-    """ids of the events whose innermost enclosing event (same thread) is a compiled graph's call: the aten
-    ops its wrapper calls itself (extern kernels), not the ones nested inside other ops."""
-    out: set[int] = set()
+def _outermost_extern(events: list[Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """For every event inside an aten op that a compiled graph's wrapper calls itself (an extern kernel), that
+    op, by the event's id (the op maps to itself): the op a device kernel launched from inside it belongs to."""
+    out: dict[int, Mapping[str, Any]] = {}
     by_thread: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
     for e in events:
-        by_thread[e.get("tid")].append(e)
+        if e.get("cat") != "kernel":
+            by_thread[e.get("tid")].append(e)
     for thread in by_thread.values():
         thread.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack: list[Mapping[str, Any]] = []
+        stack: list[tuple[Mapping[str, Any], Mapping[str, Any] | None]] = []  # (event, its extern op)
         for e in thread:
-            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
                 stack.pop()
-            if stack and str(stack[-1].get("name", "")).startswith(_COMPILED_CALL):
-                out.add(id(e))
-            stack.append(e)
+            parent, root = stack[-1] if stack else (None, None)
+            if root is None and parent is not None and str(parent.get("name", "")).startswith(_COMPILED_CALL) \
+                    and str(e.get("name", "")).startswith("aten::"):
+                root = e
+            if root is not None:
+                out[id(e)] = root
+            stack.append((e, root))
     return out
 
 
+def _extern_key(op: Mapping[str, Any]) -> str | None:
+    shapes = _shapes(op.get("args") or {})
+    name = str(op.get("name", ""))
+    return f"aten.{name[len('aten::'):]} {shapes}" if shapes is not None else None
+
+
 def _kernels(events: list[Mapping[str, Any]], cal: Calibration) -> int:
+    """Generated kernels by name stem; extern kernels by their aten op and shapes: on a CPU trace the op's own
+    time, on a device trace the summed time of the device kernels it launched (a cuBLAS GEMM, a split-K
+    reduction), found through the profiler's ``External id`` that links a kernel to the op launching it."""
     on_device = [e for e in events if e.get("cat") == "kernel"]
-    externs = set() if on_device else _called_by_compiled_graph(events)
     samples: dict[str, list[float]] = defaultdict(list)
-    for e in on_device or events:
-        name = str(e.get("name", ""))
-        stem = kernel_stem(name)
-        if stem is not None:
-            samples[stem].append(e["dur"] / 1e3)
-        elif id(e) in externs and name.startswith("aten::"):
-            shapes = _shapes(e.get("args") or {})
-            if shapes is not None:
-                samples[f"aten.{name[len('aten::'):]} {shapes}"].append(e["dur"] / 1e3)
+    roots = _outermost_extern(events)
+    if not on_device:
+        for e in events:
+            stem = kernel_stem(str(e.get("name", "")))
+            if stem is not None:
+                samples[stem].append(e["dur"] / 1e3)
+            elif roots.get(id(e)) is e:
+                key = _extern_key(e)
+                if key is not None:
+                    samples[key].append(e["dur"] / 1e3)
+    else:
+        op_of_id = {}
+        for e in events:
+            ext = (e.get("args") or {}).get("External id")
+            if e.get("cat") != "kernel" and ext is not None and id(e) in roots:
+                op_of_id[ext] = roots[id(e)]
+        per_call: dict[int, list[Any]] = {}  # one extern call -> [key, summed device time]
+        for e in on_device:
+            stem = kernel_stem(str(e.get("name", "")))
+            if stem is not None:
+                samples[stem].append(e["dur"] / 1e3)
+                continue
+            if _device_collective(e) is not None:
+                continue
+            op = op_of_id.get((e.get("args") or {}).get("External id"))
+            key = _extern_key(op) if op is not None else None
+            if key is not None:
+                per_call.setdefault(id(op), [key, 0.0])[1] += e["dur"] / 1e3
+        for key, ms in per_call.values():
+            samples[key].append(ms)
     for key, values in samples.items():
         cal.add_kernel(key, statistics.median(values), len(values))
     return len(samples)

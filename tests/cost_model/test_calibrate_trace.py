@@ -156,7 +156,8 @@ def test_calibrate_command_reads_a_trace(trace, tmp_path):
 
 def test_cuda_trace_format_device_kernels_and_nccl_arguments(tmp_path):
     """The CUDA form of the same file: device kernels (``cat: kernel``) are timed instead of host ops, NCCL
-    kernels carry their collective's name, element counts, dtype and group size as arguments.  (A synthetic
+    kernels carry their collective's name, element counts, dtype and group size as arguments, and a library
+    kernel (cuBLAS) is linked by its ``External id`` to the aten op of the compiled graph that launched it.  (A synthetic
     trace in torch.profiler's CUDA layout: no GPU on the machines that run this suite.)"""
     def kernel(name, ts, dur, **args):
         return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
@@ -166,13 +167,27 @@ def test_cuda_trace_format_device_kernels_and_nccl_arguments(tmp_path):
                    "Group size": 8, "dtype": "BFloat16"})
     rs = dict(**{"Collective name": "reduce_scatter_tensor_coalesced", "In msg nelems": 8192,
                  "Out msg nelems": 1024, "Group size": 8, "dtype": "Float"})
+    def cpu_op(name, ts, dur, ext, **args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 0, "tid": 1, "ts": ts, "dur": dur,
+                "args": {"External id": ext, **args}}
+
+    mm_shapes = {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float", "float"]}
     events = [
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 0, "tid": 1, "ts": 0, "dur": 50,
-         "args": {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float", "float"]}},  # host time: ignored
+        # the compiled graph's wrapper calls aten::mm twice (an extern kernel: its host time is ignored, its
+        # device kernels are summed per call); the second call's split-K reduction is launched from inside a
+        # nested op; an aten::mm outside any compiled graph (eager code) is not an extern kernel of the graph
+        cpu_op("## Call CompiledFxGraph fxyz ##", 0, 90, 1),
+        cpu_op("aten::mm", 10, 20, 2, **mm_shapes),
+        cpu_op("aten::mm", 40, 30, 3, **mm_shapes),
+        cpu_op("aten::sum", 50, 10, 4),
+        cpu_op("aten::mm", 95, 5, 9, **mm_shapes),
         kernel("triton_poi_fused_relu_0", 100, 12.0),
         kernel("triton_poi_fused_relu_3", 300, 14.0),
         kernel("triton_red_fused_native_layer_norm_1", 200, 30.0),
-        kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 400, 80.0),  # a library GEMM: no name to match
+        kernel("sm90_xmma_gemm_f32f32_f32f32", 400, 80.0, **{"External id": 2}),
+        kernel("sm90_xmma_gemm_f32f32_f32f32", 420, 60.0, **{"External id": 3}),
+        kernel("splitKreduce_kernel", 490, 10.0, **{"External id": 4}),
+        kernel("sm90_xmma_gemm_f32f32_f32f32", 800, 500.0, **{"External id": 9}),
         kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 500, 40.0, **nccl),
         kernel("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 600, 44.0, **nccl),
         kernel("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 700, 70.0, **rs),
@@ -180,7 +195,8 @@ def test_cuda_trace_format_device_kernels_and_nccl_arguments(tmp_path):
     path = tmp_path / "cuda.json"
     path.write_text(json.dumps({"traceEvents": events}))
     cal = fsdp_passes.calibrate_from_trace(path)
-    assert cal.kernel_keys() == ["fused_native_layer_norm", "fused_relu"]
+    assert cal.kernel_keys() == ["aten.mm float32[8,8];float32[8,8]", "fused_native_layer_norm", "fused_relu"]
+    assert cal.kernel_ms("aten.mm float32[8,8];float32[8,8]") == pytest.approx(0.075)  # median of 80 and 60+10 us
     assert cal.kernel_ms("fused_relu") == pytest.approx(0.013)  # median of 12 and 14 us
     assert cal.kernel_ms("fused_native_layer_norm") == pytest.approx(0.030)
     # full payloads: 8192 bf16 gathered = 16 KiB; 8192 fp32 before the scatter = 32 KiB
