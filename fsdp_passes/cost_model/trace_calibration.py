@@ -19,7 +19,8 @@ compiled model and measures:
   nelems`` / ``Group size`` arguments are read directly.
 
 Everything else (views, copies, the autograd engine) is ignored.  Several steps in one trace are fine (more
-samples); a trace of several processes is read per process id and merged.
+samples); a CPU trace of several processes is read per process id and merged; a device trace is read as one
+process's (its kernels carry the device's pid, not the process's).
 """
 
 from __future__ import annotations
@@ -265,8 +266,13 @@ def calibrate_from_trace(path: PathLike, base: Calibration | None = None) -> Cal
     events, world = _load_events(path)
     cal = Calibration(meta={"source": "trace", "trace": os.path.basename(os.fspath(path))})
     by_process: dict[Any, list[Mapping[str, Any]]] = defaultdict(list)
-    for e in events:
-        by_process[e.get("pid")].append(e)
+    if any(e.get("cat") == "kernel" for e in events):
+        # a device trace is one process's: its kernels sit under the device's pid, the ops launching them
+        # under the host process's, and are read together
+        by_process[None] = events
+    else:
+        for e in events:
+            by_process[e.get("pid")].append(e)
     n_coll = n_kern = 0
     for process_events in by_process.values():
         n_coll += _collectives(process_events, world, cal)

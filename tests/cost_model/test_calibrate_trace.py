@@ -168,11 +168,12 @@ def test_cuda_trace_format_device_kernels_and_nccl_arguments(tmp_path):
     rs = dict(**{"Collective name": "reduce_scatter_tensor_coalesced", "In msg nelems": 8192,
                  "Out msg nelems": 1024, "Group size": 8, "dtype": "Float"})
     def cpu_op(name, ts, dur, ext, **args):
-        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 0, "tid": 1, "ts": ts, "dur": dur,
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 4321, "tid": 1, "ts": ts, "dur": dur,
                 "args": {"External id": ext, **args}}
 
     mm_shapes = {"Input Dims": [[8, 8], [8, 8]], "Input type": ["float", "float"]}
     events = [
+        # (host ops carry the process's pid, device kernels the device's, as torch.profiler writes them)
         # the compiled graph's wrapper calls aten::mm twice (an extern kernel: its host time is ignored, its
         # device kernels are summed per call); the second call's split-K reduction is launched from inside a
         # nested op; an aten::mm outside any compiled graph (eager code) is not an extern kernel of the graph
