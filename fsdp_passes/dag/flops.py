@@ -24,6 +24,21 @@ def _registry() -> Mapping[Any, Any]:
     return flop_registry
 
 
+# ops without a formula of their own that do the same math, with the same leading arguments, as one with a
+# formula: the CPU backend's flash attention (what SDPA lowers to on CPU)
+_SAME_MATH_AS = {
+    "_scaled_dot_product_flash_attention_for_cpu": "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_for_cpu_backward": "_scaled_dot_product_flash_attention_backward",
+}
+
+
+def _formula_key(key: Any) -> Any:
+    name = getattr(key, "__name__", None) if isinstance(key, torch._ops.OpOverloadPacket) else None
+    if name in _SAME_MATH_AS and getattr(key, "_qualified_op_name", "").startswith("aten::"):
+        return getattr(torch.ops.aten, _SAME_MATH_AS[name])
+    return key
+
+
 def _packet(target: Any) -> Any:
     """The key the registry uses: an ``OpOverloadPacket`` (or a higher-order op) for ``target``."""
     if isinstance(target, torch._ops.OpOverload):
@@ -45,7 +60,7 @@ def _packet(target: Any) -> Any:
 
 def has_flop_formula(target: Any) -> bool:
     """Whether ``target`` (op overload, packet or its name) has a FLOP formula."""
-    key = _packet(target)
+    key = _formula_key(_packet(target))
     try:
         return key is not None and key in _registry()
     except TypeError:  # unhashable target
@@ -92,7 +107,7 @@ def aten_flops(target: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] 
 
     ``target`` is an aten ``OpOverload`` / ``OpOverloadPacket`` (or its name, ``"aten.mm.default"``).
     """
-    key = _packet(target)
+    key = _formula_key(_packet(target))
     if key is None:
         return 0.0
     try:

@@ -171,6 +171,12 @@ def _origin_flops(snode: Any) -> float:
     except Exception:  # generated nodes may have no single origin
         pass
     if origin is None:
+        # a fallback kernel with several results (attention) has its getitems among its origins too: its op is
+        # the origin that calls the kernel's overload
+        overload = getattr(getattr(snode, "node", None), "op_overload", None)
+        origin = next((o for o in getattr(snode.node, "origins", ()) if overload is not None and o.target is overload),
+                      None) if hasattr(snode, "node") else None
+    if origin is None:
         return 0.0
     ops = _wrapped_ops(origin)
     if all(has_flop_formula(op.target) for op in ops):
