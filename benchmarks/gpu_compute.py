@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 SIZES = {  # name -> Llama builder arguments (a 8B-like block shape at "large", launch-bound at "small")
     "large": dict(n_layers=4, dim=2048, n_heads=16, n_kv_heads=8, ffn_dim=5632, vocab=32000, seq_len=2048),
+    "medium": dict(n_layers=4, dim=1024, n_heads=8, n_kv_heads=4, ffn_dim=2816, vocab=16384, seq_len=1024),
     "small": dict(n_layers=4, dim=512, n_heads=8, n_kv_heads=4, ffn_dim=1408, vocab=8192, seq_len=512),
     "toy": dict(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab=256, seq_len=32),
 }
