@@ -262,8 +262,6 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
                 # into its last input instead of allocating an output
                 payload_out = _layout_bytes(inputs[-1])
             fill_collective(node, op, getattr(ir_node, "constant_args", ()) or (), payload_in, payload_out)
-            if node.dtype is None and inputs:  # in-place collectives (all_reduce_) own no typed buffer
-                node.dtype = _dtype_name(inputs[0])
         elif kind is NodeKind.WAIT:
             mutated = [m for b in buffers for m in b.get_mutations()]
             target = next((producer[m] for m in mutated if m in producer), None)
@@ -279,6 +277,11 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             except Exception:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
+        if node.dtype is None:
+            # in-place collectives (all_reduce_) and fallback kernels with several results (attention) own no
+            # typed buffer: they compute in their first input's dtype (the FX DAG reads it off the first result)
+            typed = [t for t in getattr(ir_node, "inputs", ()) or () if _dtype_name(t)]
+            node.dtype = _dtype_name(typed[0]) if typed else None
         # an in-place collective (all_reduce_) or a wait writes a buffer it does not own: a graph output too
         returned = [b for b in buffers if b.get_name() in outputs or any(m in outputs for m in b.get_mutations())]
         if returned:

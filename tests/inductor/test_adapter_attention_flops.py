@@ -1,4 +1,4 @@
-"""Attention kernels are priced by their FLOPs at the scheduler level, as in the FX graph.
+"""Attention kernels are priced by their FLOPs, in their inputs' dtype, at the scheduler level as in the FX graph.
 
 SDPA lowers to a fallback kernel with several results (on CPU ``_scaled_dot_product_flash_attention_for_cpu``,
 on CUDA flash / efficient / cuDNN attention); without a FLOP count the roofline charges it one launch, which
@@ -15,7 +15,7 @@ from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
 from fsdp_passes.testing import build_llama, capture_scheduler_nodes, example_inputs
 
 
-def test_attention_kernels_count_their_matmuls(fake_pg, fresh_inductor):
+def test_attention_kernels_count_their_matmuls_in_their_dtype(fake_pg, fresh_inductor):
     batch, dim, heads, seq = 2, 64, 4, 16
     model = build_llama(1, dim, n_heads=heads, n_kv_heads=2, seq_len=seq, param_dtype=torch.bfloat16)
     # forward: Q K^T and P V, 2 FLOPs per multiply-add; backward: both recomputed-free products' gradients
@@ -30,4 +30,6 @@ def test_attention_kernels_count_their_matmuls(fake_pg, fresh_inductor):
                      and str(n.kernel_key).startswith("aten.")]
         assert len(attention) == 1, (cap.graph_name, [n.kernel_key for n in attention])
         seen["bwd" if "backward" in str(attention[0].kernel_key) else "fwd"] = attention[0].flops
+        # priced at the bf16 peak: the kernel owns no typed buffer (its results are MultiOutputs)
+        assert attention[0].dtype == "bfloat16"
     assert seen == expected
