@@ -82,7 +82,7 @@ def _compute_nodes(debug_dir: Path) -> list[dict[str, Any]]:
         if data.get("meta", {}).get("pass") not in (None, "scheduler"):
             continue
         for node, ms in zip(data["nodes"], data["durations_ms"]):
-            if node["kind"] == "compute":
+            if node["kind"] == "compute" and node.get("launches_kernel", True):
                 out.append({"graph": dump.parent.name, "key": node.get("kernel_key"), "ms": ms,
                             "flops": node.get("flops"), "bytes": node.get("bytes_accessed")})
     return out
