@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="large,small", help=f"comma-separated, of {sorted(SIZES)}")
     p.add_argument("--calibrated", default="large", help="the size compiled again with its calibration")
+    p.add_argument("--no-gqa", action="store_true", help="as many key/value heads as query heads")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--world-size", type=int, default=8)
     p.add_argument("--cluster", default="h200")
@@ -101,7 +102,7 @@ def run_size(args: argparse.Namespace, size: str, calibrated_recompile: bool) ->
 
     dev = torch.device(args.device)
     work = Path(args.work) / size
-    kw = SIZES[size]
+    kw = dict(SIZES[size], n_kv_heads=SIZES[size]["n_heads"]) if args.no_gqa else SIZES[size]
     torch.manual_seed(0)
     model = Llama(**kw).to(dev)
     data_parallel(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
