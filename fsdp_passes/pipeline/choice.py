@@ -178,6 +178,20 @@ class GraphStructure:
         return self.floor_ms[max(b, a)] - self.floor_ms[a]
 
 
+@dataclass
+class _ComputeClock:
+    """The compute stream's time in the score, and how long it has been busy (issuing, copying, computing)
+    rather than waiting for a collective."""
+
+    now: float = 0.0
+    busy: float = 0.0
+
+    def advance(self, start: float, end: float) -> None:
+        """The stream worked from ``start`` to ``end`` (``start`` is later than ``now`` when it waited)."""
+        self.busy += end - start
+        self.now = end
+
+
 def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, budget: MemoryBudget,
                score: CandidateScore, structure: GraphStructure | None = None) -> CandidateScore:
     """Fill ``score`` with the overlap model's figures for ``plan`` (see the module docstring).
@@ -243,7 +257,6 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     stream_free: dict[tuple[str, bool], float] = {}
     done = [0.0] * len(units)
     issued = [False] * len(units)
-    busy = 0.0
     overlap = cost_model.overlap_costs()
 
     def run(now: float, work: float) -> float:
@@ -259,12 +272,11 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         issued[k] = True
         return now
 
-    now = 0.0
+    clock = _ComputeClock()
     if options.reorder:  # prefetch: every gather bucket issued up front, in order, as its stream allows
         for k in range(len(units)):
             if stream_of[k][1]:
-                now = issue(k, now)
-        busy += now
+                clock.advance(clock.now, issue(k, clock.now))
     remaining = {k: len(members) for k, (members, _) in enumerate(units)}
     previous = 0
     for e, m in enumerate(events):
@@ -274,32 +286,22 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         region = structure.between(previous, m)
         stand_in = (balanced(m) if not gather[e] else 0.0) + (
             balanced(events[e - 1]) if e > 0 and gather[e - 1] else 0.0)
-        step = max(region, stand_in)
-        before = now
-        now = run(now, step)
-        busy += now - before
+        clock.advance(clock.now, run(clock.now, max(region, stand_in)))
         previous = m
         if gather[e]:
             if not issued[k]:  # no prefetch: issued when first needed
-                before = now
-                now = issue(k, now)
-                busy += now - before
-            before = max(now, done[k])
-            now = run(before, copy_out[m])
-            busy += now - before
+                clock.advance(clock.now, issue(k, clock.now))
+            ready = max(clock.now, done[k])  # the compute stream waits for the gathered bucket
+            clock.advance(ready, run(ready, copy_out[m]))
         else:
             remaining[k] -= 1
             if remaining[k] == 0:  # the last gradient of the bucket is ready
-                before = now
-                now = issue(k, now)
-                busy += now - before
+                clock.advance(clock.now, issue(k, clock.now))
     tail = max(structure.between(previous, len(dag)),
                balanced(events[-1]) if events and gather[-1] else 0.0)
-    before = now
-    now = run(now, tail)
-    busy += now - before
-    makespan = max([now, *done])
-    score.makespan_ms, score.exposed_ms = makespan, makespan - busy
+    clock.advance(clock.now, run(clock.now, tail))
+    makespan = max([clock.now, *done])
+    score.makespan_ms, score.exposed_ms = makespan, makespan - clock.busy
     return score
 
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import fsdp_passes
-from fsdp_passes.testing import build_llama, build_mlp, example_inputs, fake_process_group
+from fsdp_passes.testing import build_llama, build_mlp, example_inputs
 from fsdp_passes.testing.end_to_end import measure_compile
 
 PER_BLOCK = dict(bucketing="manual", bucket_plan=["layers.[0-1]"])
