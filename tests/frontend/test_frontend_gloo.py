@@ -16,24 +16,22 @@ tests/inductor/test_numerics_gloo.py.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from fsdp_passes.testing import run_on_gloo
+
+# the shared helpers live in tests/ (test modules are imported by path, not as a package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gloo_reports import fresh_compile_state, max_rel  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
 STEPS = 5
 GLOBAL_BATCH = 4
 PASSES = dict(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
-
-
-def _fresh_compile_state() -> None:
-    import torch._dynamo
-    import torch._inductor.config as ic
-
-    ic.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
-    torch._dynamo.reset()
 
 
 def _batches(n_data_ranks: int, data_rank: int) -> list:
@@ -76,10 +74,6 @@ def _reference() -> dict:
 
 def _full_params(model) -> dict:
     return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
-
-
-def _max_rel(got: dict, ref: dict) -> float:
-    return max(((got[n] - r).norm() / r.norm().clamp_min(1e-30)).item() for n, r in ref.items())
 
 
 def _padding_is_zero(model) -> bool:
@@ -157,7 +151,7 @@ def _fsdp_run(rank: int, world_size: int, cache_dir: str) -> dict:
     }
     for name, run in runs.items():
         model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), **run["options"])
-        _fresh_compile_state()
+        fresh_compile_state()
         fsdp_passes.last_reports(clear=True)
         if run["passes"]:
             fsdp_passes.enable(**run["passes"])
@@ -174,7 +168,7 @@ def _fsdp_run(rank: int, world_size: int, cache_dir: str) -> dict:
         opt_shapes_unpadded = all(opt.state[p][k].to_local().shape == p.to_local().shape
                                   for p in model.parameters() for k in ("exp_avg", "exp_avg_sq"))
         out[name] = {
-            "max_rel": _max_rel(_full_params(model), ref),
+            "max_rel": max_rel(_full_params(model), ref),
             "padding_zero": _padding_is_zero(model),
             "passes": _passes_summary(fsdp_passes.last_reports()),
             "rs_groups": sorted({(i.group_name, i.reduce_scatter_group_name)
@@ -194,7 +188,7 @@ def _warm_run(rank: int, world_size: int, cache_dir: str) -> dict:
     from fsdp_passes.testing import build_llama
 
     model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), reshard_after_forward=True)
-    _fresh_compile_state()
+    fresh_compile_state()
     fsdp_passes.last_reports(clear=True)
     fsdp_passes.enable(**PASSES)
     watch = _FxCacheWatch(cache_dir)
@@ -233,7 +227,7 @@ def _hybrid_run(rank: int, world_size: int) -> dict:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     ref = _reference()
     model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), mesh, mode="hybrid_shard")
-    _fresh_compile_state()
+    fresh_compile_state()
     fsdp_passes.enable(**PASSES)
     try:
         _train(model, torch.compile(model, fullgraph=True), _batches(world_size, rank))
@@ -241,7 +235,7 @@ def _hybrid_run(rank: int, world_size: int) -> dict:
         fsdp_passes.disable()
     reports = fsdp_passes.last_reports()
     placements = {str(p.placements) for p in model.parameters()}
-    return {"max_rel": _max_rel(_full_params(model), ref), "padding_zero": _padding_is_zero(model),
+    return {"max_rel": max_rel(_full_params(model), ref), "padding_zero": _padding_is_zero(model),
             "passes": _passes_summary(reports), "placements": sorted(placements)}
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from fsdp_passes.testing import run_on_gloo
 
-# the shared helpers live beside this file (test modules are imported by path, not as a package)
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the shared helpers live in tests/ (test modules are imported by path, not as a package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gloo_reports import check_passes_ran, fresh_compile_state, max_rel, report_summary  # noqa: E402
 
 

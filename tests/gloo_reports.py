@@ -1,4 +1,4 @@
-"""Helpers shared by the gloo numerics tests of this folder (imported by path, like the test modules)."""
+"""Helpers shared by the gloo tests (imported by path, like the test modules)."""
 
 from __future__ import annotations
 
