@@ -424,8 +424,9 @@ def _machine() -> dict:
     return {**machine(), "threads_per_rank": torch.get_num_threads()}
 
 
-def _link_profile(rate: str, gflops: float) -> dict:
-    """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks)."""
+def _link_profile(rate: str, gflops: float, call_floor_us: float) -> dict:
+    """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks): the link's rate,
+    the thread's FLOP/s and the link's per-call floor (``_measure_call_floor_us``)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     text = rate.lower()
     bits = None
@@ -435,7 +436,25 @@ def _link_profile(rate: str, gflops: float) -> dict:
             break
     gbytes = (bits or 400e6) / 8 / 1e9
     return {"base": "cpu-gloo", "intra_node_bw_gbps": gbytes, "inter_node_bw_per_nic_gbps": gbytes,
-            "tflops_float32": gflops / 1e3}
+            "tflops_float32": gflops / 1e3, "collective_floor_us": call_floor_us}
+
+
+def _measure_call_floor_us(calls: int = 30) -> float:
+    """Median time of back-to-back one-element all-reduces over the default group: the time no collective
+    on this link goes under (gloo's TCP round trips through the namespaces and the shaped veth pair, about
+    0.5 ms against loopback's 0.1).  Every rank takes part; the caller shares rank 0's figure."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.zeros(1)
+    for _ in range(3):
+        dist.all_reduce(t)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
 
 
 def _measure_gflops() -> float:
@@ -480,9 +499,10 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     x = torch.randn(args.batch, args.dim, generator=gen)
 
     # rank 0 measures the thread's speed; both ranks must plan with the same profile
-    box = [_measure_gflops() if rank == 0 else None]
+    floor_us = _measure_call_floor_us()
+    box = [(_measure_gflops(), floor_us) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    cluster = _link_profile(args.rate, box[0])
+    cluster = _link_profile(args.rate, *box[0])
     ours_options = dict(bucketing="auto", reorder=True, cluster=cluster, memory_budget=args.memory_budget)
     manual_options = dict(ours_options, bucketing="manual", bucket_plan=[f"layers.[0-{args.layers - 1}]"])
 
