@@ -20,9 +20,10 @@ DAG of the same graph gets after Inductor's fusion:
   kernel, collective or wait lies on a path between any two members (the same number of those on every
   longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU, with the
-  pointwise ops computed inside it) and from a reduction into a consumer whose outer loop is not the
-  reduction's output (the CPU backend fuses after a reduction only by outer-loop fusion: a bucket's
-  rank-major copy of a gradient reduction into its strided slice runs apart); a kernel
+  pointwise ops computed inside it), from a realised pointwise op into a consumer looping over more
+  elements (a returned norm weight read broadcast over the rows) and from a reduction into a consumer whose
+  outer loop is not the reduction's output (the CPU backend fuses after a reduction only by outer-loop
+  fusion: a bucket's rank-major copy of a gradient reduction into its strided slice runs apart); a kernel
   whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
 - a pointwise op read by several kernels is computed inside each of them unless Inductor realises it
   (``should_realize_on_reuse`` on CPU: an expensive op such as ``sigmoid`` or ``exp`` in its expression, or
@@ -289,6 +290,14 @@ def _fuses_into(producer: _Unit, consumer: _Unit) -> bool:
     return not (producer.reduction_numel and consumer.outer_loop and consumer.outer_loop != producer.reduction_numel)
 
 
+def _broadcast_into(producer: _Unit, consumer: _Unit) -> bool:
+    """A realised pointwise producer whose loop runs over fewer elements than its consumer's (a gathered norm
+    weight the graph returns, read broadcast over the rows): the CPU backend fuses pointwise kernels only
+    with the same loop ranges or the same number of elements (``CppScheduling._why_fuse_nodes``), so it
+    stays a kernel of its own."""
+    return bool(producer.members) and not producer.reduction_numel and producer.loop_numel < consumer.loop_numel
+
+
 def _bytes(value: Any) -> int:
     try:
         return tensor_bytes(value)
@@ -499,7 +508,7 @@ def predict_kernels(dag: Dag) -> Dag:
             groups.union(v, inlined_into[v])
         for p in units[v].preds:
             if (units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]
-                    and _fuses_into(units[p], units[v])):
+                    and _fuses_into(units[p], units[v]) and not _broadcast_into(units[p], units[v])):
                 groups.union(p, v)
 
     # a kernel all of whose outputs are read by one other kernel joins it: every path out of it enters that
