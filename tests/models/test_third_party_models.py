@@ -7,7 +7,7 @@ the simulated exposed communication; every collective is named (parameter and mo
 found; auto, run on the same captured graph, has a per-block candidate that merges something and falls back
 to nothing; the FX pass's estimate of each bucketed graph (its predicted kernels in the predicted order)
 is within 10 % of the scheduler pass's estimate of Inductor's nodes in Inductor's order (makespan and peak,
-GPT-2 and Qwen2, forward and backward).  2-rank gloo (GPT-2, one block): the compiled step with the passes
+forward and backward).  2-rank gloo (GPT-2, one block): the compiled step with the passes
 equals the compile without them bitwise and eager within 1e-5.  (Auto against the final schedule: test_third_party_auto.py.)
 """
 
@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import fsdp_passes
+from fsdp_passes.cost_model import CostModel
 from fsdp_passes.options import Options
 from fsdp_passes.pipeline import bucket_graph
 from fsdp_passes.testing import capture_scheduler_nodes, fake_process_group, run_on_gloo
@@ -32,11 +33,6 @@ from third_party_models import BLOCKS, MODELS, PER_BLOCK_PLANS, sharded_loss_mod
 
 def _fx(reports):
     return [r for r in reports if r.pass_name == "fx"]
-
-
-#: models whose graphs the FX estimate is held to (torchtitan's Qwen3: its forward's exposed communication is
-#: not, see docs/design.md)
-ESTIMATED = ("gpt2", "qwen2")
 
 
 def _estimates(cap, cost_model):
@@ -88,14 +84,11 @@ def test_manual_per_block_plan_auto_and_names_on_fake_pg(name):
                     assert all(p.startswith(bucket["label"] + ".") for p in bucket["params"]), bucket
 
         assert [c.graph_name for c in caps] == ["forward", "backward"]
-        if name in ESTIMATED:
-            from fsdp_passes.cost_model import CostModel
-
-            cost_model = CostModel.from_options("h100-nvlink")
-            for cap in caps:
-                fx_estimate, scheduler_estimate = _estimates(cap, cost_model)
-                for got, want in zip(fx_estimate, scheduler_estimate):
-                    assert abs(got - want) <= 0.10 * want, (cap.graph_name, fx_estimate, scheduler_estimate)
+        cost_model = CostModel.from_options("h100-nvlink")
+        for cap in caps:
+            fx_estimate, scheduler_estimate = _estimates(cap, cost_model)
+            for got, want in zip(fx_estimate, scheduler_estimate):
+                assert abs(got - want) <= 0.10 * want, (cap.graph_name, fx_estimate, scheduler_estimate)
 
         # auto on the same (unplanned) graphs: no fallback, its per-block candidate merges something
         for gm in (cap.fx_before for cap in caps):
