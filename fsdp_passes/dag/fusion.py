@@ -91,7 +91,8 @@ _EXPENSIVE_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "
 _VIEW_OPS = frozenset({"_unsafe_view", "alias", "view_as_real", "view_as_complex", "getitem"})
 #: views that copy when the input layout cannot be viewed in the new shape
 _MAYBE_COPY_VIEWS = frozenset({"reshape"})
-#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing (but see below)
+#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing (but for the
+#: index puts Inductor lowers to a ``Scatter``, ``_INDEX_PUT_OPS``)
 _SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_accumulate", "_unsafe_index_put",
                           "scatter", "scatter_add", "scatter_reduce", "index_add", "copy_"})
 

@@ -6,8 +6,8 @@ Fake 8-rank group: a manual per-block plan in the model's own FQNs applies with 
 the simulated exposed communication; every collective is named (parameter and module); the blocks are
 found; auto, run on the same captured graph, has a per-block candidate that merges something and falls back
 to nothing; the FX pass's estimate of each bucketed graph (its predicted kernels in the predicted order)
-is within 10 % of the scheduler pass's estimate of Inductor's nodes in Inductor's order (makespan and peak,
-forward and backward).  2-rank gloo (GPT-2, one block): the compiled step with the passes
+is within 10 % of the scheduler pass's estimate of Inductor's nodes in Inductor's order (makespan, exposed
+communication and peak, forward and backward).  2-rank gloo (GPT-2, one block): the compiled step with the passes
 equals the compile without them bitwise and eager within 1e-5.  (Auto against the final schedule: test_third_party_auto.py.)
 """
 
@@ -36,9 +36,10 @@ def _fx(reports):
 
 
 def _estimates(cap, cost_model):
-    """(FX estimate, scheduler estimate) of one captured graph, each ``(makespan ms, peak bytes)``: the graph
-    Inductor lowered, through ``dag_from_fx`` and ``predict_kernels``, in the order ``predict_memory_reorder``
-    predicts; Inductor's fused nodes in the order its peak-memory reordering gave them."""
+    """(FX estimate, scheduler estimate) of one captured graph, each ``(makespan ms, exposed ms, peak bytes)``:
+    the graph Inductor lowered, through ``dag_from_fx`` and ``predict_kernels``, in the order
+    ``predict_memory_reorder`` predicts; Inductor's fused nodes in the order its peak-memory reordering gave
+    them."""
     from fsdp_passes.dag.from_fx import dag_from_fx
     from fsdp_passes.dag.fusion import predict_kernels
     from fsdp_passes.dag.memory_reorder import predict_memory_reorder
@@ -47,7 +48,7 @@ def _estimates(cap, cost_model):
 
     def run(dag, order):
         tl = simulate(dag, order, cost_model.estimate(dag), cost_model.overlap_costs())
-        return tl.makespan, tl.peak_memory
+        return tl.makespan, tl.exposed_total, tl.peak_memory
 
     with cap.graph_context():
         sched = dag_from_scheduler_nodes(cap.before)
