@@ -10,17 +10,20 @@ DAG of the same graph gets after Inductor's fusion:
   ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
   whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
   rank-major gathered buffer is one per member);
-- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters (an embedding's
-  gradient accumulation) stay one kernel each, as do collectives and waits; a fallback kernel returning
-  several results (an attention backward) writes each as its own buffer, the ones read;
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters stay one kernel
+  each, as do collectives and waits; a fallback kernel returning several results (an attention backward)
+  writes each as its own buffer, the ones read.  An index put that Inductor lowers to its ``Scatter`` (an
+  embedding's gradient accumulation) is a fused kernel: its values and mask are computed inside it and it
+  fuses with its producers, never with its readers nor with the kernel of the buffer it writes into;
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
   longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU, with the
-  pointwise ops computed inside it) and from a reduction into a consumer whose outer loop is not the
-  reduction's output (the CPU backend fuses after a reduction only by outer-loop fusion: a bucket's
-  rank-major copy of a gradient reduction into its strided slice runs apart); a kernel
+  pointwise ops computed inside it), from a realised pointwise op into a consumer looping over more
+  elements (a returned norm weight read broadcast over the rows) and from a reduction into a consumer whose
+  outer loop is not the reduction's output (the CPU backend fuses after a reduction only by outer-loop
+  fusion: a bucket's rank-major copy of a gradient reduction into its strided slice runs apart); a kernel
   whose outputs are all read by one other kernel joins it (every path out of it enters that kernel);
 - a pointwise op read by several kernels is computed inside each of them unless Inductor realises it
   (``should_realize_on_reuse`` on CPU: an expensive op such as ``sigmoid`` or ``exp`` in its expression, or
@@ -88,9 +91,15 @@ _EXPENSIVE_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "
 _VIEW_OPS = frozenset({"_unsafe_view", "alias", "view_as_real", "view_as_complex", "getitem"})
 #: views that copy when the input layout cannot be viewed in the new shape
 _MAYBE_COPY_VIEWS = frozenset({"reshape"})
-#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing
+#: ops that write into another buffer (scatter-like): a kernel of their own, fused with nothing (but for the
+#: index puts Inductor lowers to a ``Scatter``, ``_INDEX_PUT_OPS``)
 _SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_accumulate", "_unsafe_index_put",
                           "scatter", "scatter_add", "scatter_reduce", "index_add", "copy_"})
+
+#: index puts Inductor lowers to a ``Scatter`` computed buffer (``index_put_impl_`` in its lowering.py): the
+#: values (and the mask of ``_unsafe_masked_index_put_accumulate``, a ``where`` over them) are loaded through
+#: ``values.make_loader()``, so the pointwise ops producing them are computed inside the scatter's kernel
+_INDEX_PUT_OPS = frozenset({"index_put", "index_put_", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate"})
 
 _COMM, _EXTERN, _FUSABLE, _NOP = "comm", "extern", "fusable", "nop"
 
@@ -122,6 +131,11 @@ class _Unit:
     # a scatter writing into its first input, a kernel's buffer only it reads (Inductor reuses the buffer):
     # that input's unit; the scatter allocates nothing and its readers keep the input's buffer alive
     in_place_of: int | None = None
+    # an index put lowered to Inductor's ``Scatter``: a fused kernel that computes its values inside, after
+    # its producers' ops; its readers never fuse with it (its atomic adds need every write done before a read)
+    # and the buffer it writes into is realised apart (``self.realize()``, read through a ``StarDep``)
+    scatter: bool = False
+    scatter_target: "_Unit | None" = None  # the unit whose buffer it writes into (a copy of it)
 
 
 def _base_op(node: DagNode) -> tuple[str, str]:
@@ -224,6 +238,32 @@ def _unrolled(node: DagNode) -> bool:
     return out > 1 and 0 < src < UNROLL_REDUCTIONS_THRESHOLD * out
 
 
+def _lowered_scatter(node: DagNode) -> bool:
+    """An index put that Inductor lowers to a ``Scatter`` (``index_put_impl_``), not to its fallback kernel: no
+    boolean index and, when it accumulates, an output dtype with an atomic add (not int64 or bool)."""
+    origin = node.origin
+    base = _base_op(node)[1]
+    if base not in _INDEX_PUT_OPS or not isinstance(origin, fx.Node):
+        return False
+    masked = base == "_unsafe_masked_index_put_accumulate"
+    indices = origin.args[2 if masked else 1] if len(origin.args) > (2 if masked else 1) else None
+    if not isinstance(indices, (list, tuple)):
+        return False
+    for index in indices:
+        v = _val(index) if isinstance(index, fx.Node) else None
+        if index is not None and (not isinstance(v, torch.Tensor) or v.dtype in (torch.bool, torch.uint8)):
+            return False
+    accumulate = masked or (origin.args[3] if len(origin.args) > 3 else origin.kwargs.get("accumulate", False))
+    out = _val(origin)
+    return isinstance(out, torch.Tensor) and not (accumulate and out.dtype in (torch.int64, torch.bool))
+
+
+def _scatter_values(node: DagNode) -> Any:
+    """The FX node of an index put's values (its last tensor argument)."""
+    args = node.origin.args
+    return args[3] if _base_op(node)[1] == "_unsafe_masked_index_put_accumulate" else args[2]
+
+
 def _slice_outer_loop(fx_input: Any, dim: Any) -> int:
     """Elements of the outermost loop of a concatenation's copy of ``fx_input`` along ``dim``: along the
     outermost non-trivial dimension the slice is one contiguous run (one loop over every element); along an
@@ -246,9 +286,17 @@ def _fuses_into(producer: _Unit, consumer: _Unit) -> bool:
     consumer only by outer-loop fusion: the consumer's outermost loop must be the reduction's output (a
     concatenation's copy of a reduction into a strided slice, a bucket's rank-major copy-in, runs apart); a
     reduction over outer dimensions runs its own loop whatever it reads."""
-    if not consumer.fuses_with_producers:
+    if not consumer.fuses_with_producers or producer.scatter or consumer.scatter_target is producer:
         return False
     return not (producer.reduction_numel and consumer.outer_loop and consumer.outer_loop != producer.reduction_numel)
+
+
+def _broadcast_into(producer: _Unit, consumer: _Unit) -> bool:
+    """A realised pointwise producer whose loop runs over fewer elements than its consumer's (a gathered norm
+    weight the graph returns, read broadcast over the rows): the CPU backend fuses pointwise kernels only
+    with the same loop ranges or the same number of elements (``CppScheduling._why_fuse_nodes``), so it
+    stays a kernel of its own."""
+    return bool(producer.members) and not producer.reduction_numel and producer.loop_numel < consumer.loop_numel
 
 
 def _bytes(value: Any) -> int:
@@ -308,19 +356,25 @@ def predict_kernels(dag: Dag) -> Dag:
     for i, node in enumerate(nodes):
         if is_view[i]:
             continue
+        scatter = False
         if node.kind is not NodeKind.COMPUTE or not isinstance(node.origin, fx.Node):
             kind = _COMM if node.kind is not NodeKind.COMPUTE else _EXTERN
         else:
             namespace, base = _base_op(node)
             if base == "cat" and _device_type(node) == "cpu":
                 kind = _NOP
+            elif _lowered_scatter(node):
+                kind, scatter = _FUSABLE, True
             elif base in EXTERN_OPS or base in _SCATTER_OPS or namespace not in ("aten", "prims", ""):
                 kind = _EXTERN  # a scatter writes a realised buffer in a kernel of its own, too
             else:
                 kind = _FUSABLE
         unit_of[i] = len(units)
         u = _Unit(kind=kind, members=[i], pos=float(i))
-        if kind is _FUSABLE:
+        if scatter:
+            u.scatter = True  # its loop runs over the values it adds
+            u.loop_numel = _numel(_val(_scatter_values(node)))
+        elif kind is _FUSABLE:
             base = _base_op(node)[1]
             u.inlinable = base not in REDUCTION_OPS and _is_pointwise(node)
             u.fuses_with_producers = base not in REDUCTION_OPS or _reduces_inner_dims(node)
@@ -414,7 +468,10 @@ def predict_kernels(dag: Dag) -> Dag:
             succs[p].append(v)
     topo = _topological(units)
     for u in units:
-        if u.kind is _EXTERN and u.members and _base_op(nodes[u.members[0]])[1] in _SCATTER_OPS and u.reads:
+        if u.scatter and u.reads and u.reads[0][0] is not None:
+            u.scatter_target = units[u.reads[0][0]]
+        extern_scatter = u.kind is _EXTERN and u.members and _base_op(nodes[u.members[0]])[1] in _SCATTER_OPS
+        if (u.scatter or extern_scatter) and u.reads:
             o = u.reads[0][0]
             if (o is not None and units[o].kind is _FUSABLE and units[o].members and not units[o].graph_output
                     and len(set(succs[o])) == 1):
@@ -437,7 +494,7 @@ def predict_kernels(dag: Dag) -> Dag:
         readers = set(succs[v])
         if len(readers) == 1:
             (r,) = readers
-            if units[r].kind is _FUSABLE:
+            if units[r].kind is _FUSABLE and units[r].scatter_target is not u:
                 inlined_into[v] = r
     eff_depth = list(depth)
     for v in reversed(topo):
@@ -452,7 +509,7 @@ def predict_kernels(dag: Dag) -> Dag:
             groups.union(v, inlined_into[v])
         for p in units[v].preds:
             if (units[p].kind is _FUSABLE and p not in inlined_into and depth[p] == eff_depth[v]
-                    and _fuses_into(units[p], units[v])):
+                    and _fuses_into(units[p], units[v]) and not _broadcast_into(units[p], units[v])):
                 groups.union(p, v)
 
     # a kernel all of whose outputs are read by one other kernel joins it: every path out of it enters that
@@ -764,6 +821,8 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                     readers |= {groups.find(t) for t in succs[s]} - {r}
                     returned = returned or units[s].graph_output
                     read_in_place = True
+            if u.in_place_of is not None:  # a scatter writing into another kernel's buffer: counted there
+                continue
             if u.writes_into:  # into its slice of a concatenation's buffer, read by the concatenation
                 written += u.writes_into
                 buffers.append(OutputBuffer(u.writes_into, tuple(sorted(kernel_name[g] for g in readers)),
@@ -783,7 +842,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                 # realised, read only inside the kernel: no memory holds it, Inductor's estimate counts it
                 internal += u.out_bytes
                 buffers.append(OutputBuffer(u.out_bytes, (), allocated=False))
-        is_output = any(units[v].members and units[v].graph_output for v in members)
+        is_output = any(units[v].members and units[v].graph_output and units[v].in_place_of is None for v in members)
         name = kernel_name[r]
         if fx_members:
             src = nodes[fx_members[0]]

@@ -7,7 +7,8 @@ our own ``inner_compile``:
   whatever pass is installed there); it copies the graph, runs the installed pass(es), copies again and
   stops the compile;
 * scheduler nodes: ``reorder_for_compute_comm_overlap`` is switched on and the pass list becomes
-  ``[record "before", *installed passes, record "after" and stop]``.
+  ``[record "before", *installed passes, record "after" and stop]`` (the post-grad graph is recorded too,
+  without stopping there).
 
 Stopping is a private exception.  ``inner_compile`` recognises it (also when Inductor wraps it in an
 ``InductorError``) and returns a function that runs the graph it was given, un-compiled, so that the
@@ -71,6 +72,9 @@ class SchedulerCapture:
     before: list[Any]
     after: list[Any]
     graph_lowering: Any = None
+    #: the post-grad FX graph as ``post_grad_custom_post_pass`` received it (before the installed FX pass ran;
+    #: ``graph_lowering.module`` is the graph Inductor lowered, after it)
+    fx_before: Optional[fx.GraphModule] = None
 
     def graph_context(self) -> Any:
         """A context in which the nodes' sizes resolve as during the compile (re-enters Inductor's graph)."""
@@ -174,11 +178,12 @@ def _make_backend(session: _Session) -> Callable[..., Any]:
 class _RecordPostGrad:
     """A ``post_grad_custom_post_pass`` that records the graph, runs the installed passes, records, stops."""
 
-    def __init__(self, session: _Session, installed: Any) -> None:
+    def __init__(self, session: _Session, installed: Any, stop: bool = True) -> None:
         from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
         self.session = session
         self.installed = get_custom_graph_passes(installed)
+        self.stop = stop  # False: record and let the compile go on (to the scheduler capture)
 
     def __call__(self, graph: fx.Graph, *args: Any, **kwargs: Any) -> None:
         from torch._inductor.custom_graph_pass import CustomInferenceAwareGraphPass
@@ -193,7 +198,8 @@ class _RecordPostGrad:
         gm.recompile()
         after = _copy_graph_module(gm)
         self.session.fx.append((self.session.current or "graph", before, after))
-        raise _StopCompile()
+        if self.stop:
+            raise _StopCompile()
 
     def uuid(self) -> bytes:
         return hashlib.sha256(b"fsdp_passes.capture.post_grad").digest()
@@ -204,8 +210,9 @@ def _capture_config(session: _Session, *, post_grad: bool, scheduler: bool) -> I
     from torch._inductor import config as inductor_config
 
     patches: dict[str, Any] = {"fx_graph_cache": False, "fx_graph_remote_cache": False}
-    if post_grad:
-        patches["post_grad_custom_post_pass"] = _RecordPostGrad(session, inductor_config.post_grad_custom_post_pass)
+    if post_grad or scheduler:
+        patches["post_grad_custom_post_pass"] = _RecordPostGrad(session, inductor_config.post_grad_custom_post_pass,
+                                                                stop=post_grad)
     if scheduler:
         installed = list(inductor_config.reorder_for_compute_comm_overlap_passes or [])
 
@@ -214,9 +221,11 @@ def _capture_config(session: _Session, *, post_grad: bool, scheduler: bool) -> I
             return nodes
 
         def record_after_and_stop(nodes: list[Any]) -> list[Any]:
+            name = session.current or "graph"
+            fx_before = next((before for graph, before, _ in reversed(session.fx) if graph == name), None)
             session.sched.append(
-                SchedulerCapture(session.current or "graph", session._pending_before or [], list(nodes),
-                                 graph_lowering=_current_graph_lowering())
+                SchedulerCapture(name, session._pending_before or [], list(nodes),
+                                 graph_lowering=_current_graph_lowering(), fx_before=fx_before)
             )
             raise _StopCompile()
 
@@ -291,7 +300,8 @@ def capture_scheduler_nodes(
 ) -> list[SchedulerCapture]:
     """Compile ``fn(*args, **kwargs)`` up to the end of the comm-overlap reorder passes of each graph.
 
-    Returns one :class:`SchedulerCapture` per compiled graph (forward, then backward), holding the
+    Returns one :class:`SchedulerCapture` per compiled graph (forward, then backward), holding the post-grad
+    FX graph before the installed FX pass and the
     scheduler node list before and after the passes in ``config.reorder_for_compute_comm_overlap_passes``
     (those installed when this is called; they run even if ``reorder_for_compute_comm_overlap`` is off,
     since capturing switches it on).  No code

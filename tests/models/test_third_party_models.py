@@ -5,8 +5,10 @@ shards of a 251-token vocabulary).
 Fake 8-rank group: a manual per-block plan in the model's own FQNs applies with ``strict=True`` and lowers
 the simulated exposed communication; every collective is named (parameter and module); the blocks are
 found; auto, run on the same captured graph, has a per-block candidate that merges something and falls back
-to nothing.  2-rank gloo (GPT-2, one block): the compiled step with the passes equals the compile without them
-bitwise and eager within 1e-5.  (Auto against the final schedule: test_third_party_auto.py.)
+to nothing; the FX pass's estimate of each bucketed graph (its predicted kernels in the predicted order)
+is within 10 % of the scheduler pass's estimate of Inductor's nodes in Inductor's order (makespan, exposed
+communication and peak, forward and backward).  2-rank gloo (GPT-2, one block): the compiled step with the passes
+equals the compile without them bitwise and eager within 1e-5.  (Auto against the final schedule: test_third_party_auto.py.)
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from pathlib import Path
 import pytest
 
 import fsdp_passes
+from fsdp_passes.cost_model import CostModel
 from fsdp_passes.options import Options
 from fsdp_passes.pipeline import bucket_graph
-from fsdp_passes.testing import capture_fx_graphs, fake_process_group, run_on_gloo
+from fsdp_passes.testing import capture_scheduler_nodes, fake_process_group, run_on_gloo
 
 # the model builders live beside this file (test modules are imported by path, not as a package); the
 # third-party packages they import are installed by ./dev.sh, so a missing one fails here instead of skipping
@@ -32,14 +35,35 @@ def _fx(reports):
     return [r for r in reports if r.pass_name == "fx"]
 
 
+def _estimates(cap, cost_model):
+    """(FX estimate, scheduler estimate) of one captured graph, each ``(makespan ms, exposed ms, peak bytes)``:
+    the graph Inductor lowered, through ``dag_from_fx`` and ``predict_kernels``, in the order
+    ``predict_memory_reorder`` predicts; Inductor's fused nodes in the order its peak-memory reordering gave
+    them."""
+    from fsdp_passes.dag.from_fx import dag_from_fx
+    from fsdp_passes.dag.fusion import predict_kernels
+    from fsdp_passes.dag.memory_reorder import predict_memory_reorder
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+    from fsdp_passes.simulate import simulate
+
+    def run(dag, order):
+        tl = simulate(dag, order, cost_model.estimate(dag), cost_model.overlap_costs())
+        return tl.makespan, tl.exposed_total, tl.peak_memory
+
+    with cap.graph_context():
+        sched = dag_from_scheduler_nodes(cap.before)
+    fused = predict_kernels(dag_from_fx(cap.graph_lowering.module))
+    return run(fused, predict_memory_reorder(fused)), run(sched, list(range(len(sched))))
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_manual_per_block_plan_auto_and_names_on_fake_pg(name):
     with fake_process_group(world_size=8):
         model = sharded_loss_module(name, 8)
         fsdp_passes.last_reports(clear=True)
         plan = PER_BLOCK_PLANS[name]
-        graphs = capture_fx_graphs(model, token_ids(name),
-                                   options=dict(bucketing="manual", bucket_plan=plan, strict=True, memory_budget="1GB"))
+        caps = capture_scheduler_nodes(model, token_ids(name), options=dict(
+            bucketing="manual", bucket_plan=plan, strict=True, memory_budget="1GB"))
         reports = _fx(fsdp_passes.last_reports())
         assert [r.fallback for r in reports] == [None, None]
         params = {n for n, _ in model.named_parameters()}
@@ -60,8 +84,15 @@ def test_manual_per_block_plan_auto_and_names_on_fake_pg(name):
                 if bucket["label"].startswith(tuple(BLOCKS[name])):
                     assert all(p.startswith(bucket["label"] + ".") for p in bucket["params"]), bucket
 
+        assert [c.graph_name for c in caps] == ["forward", "backward"]
+        cost_model = CostModel.from_options("h100-nvlink")
+        for cap in caps:
+            fx_estimate, scheduler_estimate = _estimates(cap, cost_model)
+            for got, want in zip(fx_estimate, scheduler_estimate):
+                assert abs(got - want) <= 0.10 * want, (cap.graph_name, fx_estimate, scheduler_estimate)
+
         # auto on the same (unplanned) graphs: no fallback, its per-block candidate merges something
-        for gm in (graphs.forward, graphs.backward):
+        for gm in (cap.fx_before for cap in caps):
             result = bucket_graph(copy.deepcopy(gm), Options(bucketing="auto", strict=True, memory_budget="1GB"))
             per_block = next(c for c in result.choice.candidates if c.name == "per_block")
             assert per_block.rejected is None and per_block.skipped is None
