@@ -177,11 +177,11 @@ def split_dependent(dag: Dag, members: Sequence[int]) -> list[list[int]]:
     scanned = members[0]
     preds = dag.preds
     for m in members[1:]:
-        for v in range(scanned + 1, m):
-            if v not in tainted and any(p in tainted for p in preds[v]):
+        for v in range(scanned + 1, m):  # v is not tainted yet: the window is scanned once
+            if not tainted.isdisjoint(preds[v]):
                 tainted.add(v)
         scanned = m
-        if any(p in tainted for p in preds[m]):
+        if not tainted.isdisjoint(preds[m]):
             runs.append(current)
             current = [m]
             tainted = {m}
