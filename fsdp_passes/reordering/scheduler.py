@@ -121,6 +121,10 @@ class ListScheduler:
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
+        # what the last ``_check_holds`` charged, to repeat it without the per-wait work when nothing it reads
+        # changed since (``holds_changed`` False): the end of its range and, per overdue wait, its bytes
+        self.holds_changed = True
+        self.last_holds: Optional[tuple[int, list[int]]] = None
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -212,9 +216,16 @@ class ListScheduler:
                 held = self.held_by_overdue
                 for r in self.memory.uses[i]:
                     held[r] -= 1
+                self.holds_changed = True
         else:
             self.clock.run_compute(i)
         self.memory.run(i)
+        if self.overdue and not self.holds_changed:
+            held = self.held_by_overdue
+            for r in self.memory.uses[i]:
+                if held[r]:  # a buffer an overdue wait holds has one user fewer
+                    self.holds_changed = True
+                    break
         self.scheduled[i] = 1
         self.order.append(i)
         if kind != WAIT:  # a wait released its consumers when it became pending
@@ -297,15 +308,38 @@ class ListScheduler:
                 self.is_overdue[w] = 1
                 for r in uses[w]:
                     held[r] += 1
+                self.holds_changed = True
         if not self.overdue:
             return
-        keep: list[int] = []
         tree = self.tree
         limit = self.limit
-        remaining = self.memory.remaining
-        buffer_bytes = self.memory.buffer_bytes
         hold_from = self.hold_from
         hold_hi = upto + 1
+        if not self.holds_changed and self.last_holds is not None:
+            # Nothing the loop below reads changed since the last call, which charged every overdue wait up to
+            # ``last_hi`` and placed none: each wait holds the same bytes now, over positions last_hi..upto.
+            last_hi, held_bytes = self.last_holds
+            if hold_hi <= last_hi:
+                return  # nothing new to charge (the loop below would keep every wait)
+            worst = tree.max(last_hi, hold_hi)  # type: ignore[union-attr]
+            acc = 0
+            for nbytes in held_bytes:
+                if worst + acc + nbytes > limit:  # type: ignore[operator]
+                    break  # one wait must be placed: the loop below does it
+                acc += nbytes
+            else:
+                if acc:
+                    tree.add(last_hi, hold_hi, acc)  # type: ignore[union-attr]
+                for w in self.overdue:
+                    hold_from[w] = hold_hi
+                self.last_holds = (hold_hi, held_bytes)
+                return
+        self.holds_changed = False  # set again by any placement below
+        keep: list[int] = []
+        kept_bytes: list[int] = []  # per kept wait, the bytes it was charged (0: none)
+        each_charged_to_hi = True  # every kept wait was charged (or found holding nothing) up to ``hold_hi``
+        remaining = self.memory.remaining
+        buffer_bytes = self.memory.buffer_bytes
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         # Most holds extend over the same positions (those since the last check).  Charges to one range are
         # summed and added to the tree once: after adding ``acc`` to every position of a range, its max is the
@@ -318,22 +352,24 @@ class ListScheduler:
             hold_lo = hold_from[w] or w + 1
             if hold_lo >= hold_hi:
                 keep.append(w)
+                each_charged_to_hi = False
                 continue
             rs = uses[w]
-            if len(rs) == 1:  # the usual case (a reduce-scatter's input): no list to build
-                r = rs[0]
-                mine = rs
-                nbytes = buffer_bytes[r] if remaining[r] == held[r] and r not in charged else 0
-            else:
-                mine = []
-                nbytes = 0
-                for r in rs:
-                    if remaining[r] == held[r] and r not in charged:
-                        mine.append(r)
+            nbytes = 0
+            shared = False  # holds a buffer other overdue waits hold too: ``charged`` must say who charges it
+            for r in rs:
+                if remaining[r] == held[r]:
+                    if held[r] == 1 and not self.holds_changed:
+                        # ``w`` alone holds it, so no wait before it in this call charged it (unless a placement
+                        # in this call dropped another holder: then the general test below)
                         nbytes += buffer_bytes[r]
+                    elif r not in charged:
+                        nbytes += buffer_bytes[r]
+                        shared = True
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)
+                kept_bytes.append(0)
                 continue
             if tree is not None:
                 if hold_lo != run_lo or hold_hi != run_hi:
@@ -344,8 +380,10 @@ class ListScheduler:
                 if run_max + acc + nbytes <= limit:  # type: ignore[operator]
                     acc += nbytes
                     hold_from[w] = hold_hi
-                    charged.update(mine)
+                    if shared:
+                        charged.update(r for r in rs if remaining[r] == held[r])
                     keep.append(w)
+                    kept_bytes.append(nbytes)
                     continue
             self._place_deps(w, "needed by")
             self._place(w)
@@ -354,6 +392,10 @@ class ListScheduler:
         if acc:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
+        if tree is not None and each_charged_to_hi and not self.holds_changed:
+            self.last_holds = (hold_hi, kept_bytes)
+        else:
+            self.last_holds = None
 
     def _issue_due(self, frontier: int) -> None:
         structure = self.structure
