@@ -122,9 +122,11 @@ class ListScheduler:
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
         # what the last ``_check_holds`` charged, to repeat it without the per-wait work when nothing it reads
-        # changed since (``holds_changed`` False): the end of its range and, per overdue wait, its bytes
+        # changed since (``holds_changed`` False): the end of its range (every one of the first ``count``
+        # overdue waits is charged up to there, although ``hold_from`` is written only when the per-wait work
+        # runs again), the bytes they hold together, and ``count``
         self.holds_changed = True
-        self.last_holds: Optional[tuple[int, list[int]]] = None
+        self.last_holds: Optional[tuple[int, int, int]] = None
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -315,28 +317,23 @@ class ListScheduler:
         limit = self.limit
         hold_from = self.hold_from
         hold_hi = upto + 1
-        if not self.holds_changed and self.last_holds is not None:
-            # Nothing the loop below reads changed since the last call, which charged every overdue wait up to
-            # ``last_hi`` and placed none: each wait holds the same bytes now, over positions last_hi..upto.
-            last_hi, held_bytes = self.last_holds
-            if hold_hi <= last_hi:
-                return  # nothing new to charge (the loop below would keep every wait)
-            worst = tree.max(last_hi, hold_hi)  # type: ignore[union-attr]
-            acc = 0
-            for nbytes in held_bytes:
-                if worst + acc + nbytes > limit:  # type: ignore[operator]
-                    break  # one wait must be placed: the loop below does it
-                acc += nbytes
-            else:
-                if acc:
-                    tree.add(last_hi, hold_hi, acc)  # type: ignore[union-attr]
-                for w in self.overdue:
-                    hold_from[w] = hold_hi
-                self.last_holds = (hold_hi, held_bytes)
-                return
+        if self.last_holds is not None:
+            last_hi, held_total, count = self.last_holds
+            if not self.holds_changed:
+                # Nothing the loop below reads changed since the last call, which charged every overdue wait up
+                # to ``last_hi`` and placed none: each holds the same bytes now, over positions last_hi..upto.
+                # Charged one by one, none would exceed the limit if all of them together do not.
+                if hold_hi <= last_hi:
+                    return  # nothing new to charge (the loop below would keep every wait)
+                if tree.max(last_hi, hold_hi) + held_total <= limit:  # type: ignore[union-attr,operator]
+                    tree.add(last_hi, hold_hi, held_total)  # type: ignore[union-attr]
+                    self.last_holds = (hold_hi, held_total, count)
+                    return
+            for w in self.overdue[:count]:  # the per-wait work runs: write back how far each is charged
+                hold_from[w] = last_hi
         self.holds_changed = False  # set again by any placement below
         keep: list[int] = []
-        kept_bytes: list[int] = []  # per kept wait, the bytes it was charged (0: none)
+        kept_total = 0  # bytes the kept waits were charged
         each_charged_to_hi = True  # every kept wait was charged (or found holding nothing) up to ``hold_hi``
         remaining = self.memory.remaining
         buffer_bytes = self.memory.buffer_bytes
@@ -369,7 +366,6 @@ class ListScheduler:
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)
-                kept_bytes.append(0)
                 continue
             if tree is not None:
                 if hold_lo != run_lo or hold_hi != run_hi:
@@ -383,7 +379,7 @@ class ListScheduler:
                     if shared:
                         charged.update(r for r in rs if remaining[r] == held[r])
                     keep.append(w)
-                    kept_bytes.append(nbytes)
+                    kept_total += nbytes
                     continue
             self._place_deps(w, "needed by")
             self._place(w)
@@ -393,7 +389,7 @@ class ListScheduler:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
         if tree is not None and each_charged_to_hi and not self.holds_changed:
-            self.last_holds = (hold_hi, kept_bytes)
+            self.last_holds = (hold_hi, kept_total, len(keep))
         else:
             self.last_holds = None
 
