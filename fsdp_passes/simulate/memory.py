@@ -209,25 +209,17 @@ class MemoryModel:
     def curve(self, order: Sequence[int]) -> list[int]:
         """Live bytes while each position of ``order`` runs: what ``MemoryTracker.run`` returns node by node,
         computed for a whole order at once (a buffer is freed at the position of its last user)."""
-        n = self.n
-        pos = [0] * n
-        for p, i in enumerate(order):
-            pos[i] = p
+        uses = self.uses
         last = [-1] * self.n_buffers
-        for u, rs in enumerate(self.uses):
-            if rs:
-                pu = pos[u]
-                for r in rs:
-                    if pu > last[r]:
-                        last[r] = pu
-        allocated = [0] * n  # by position
-        freed = [0] * n  # by position
-        owner = self.owner
-        for b, a in enumerate(self.buffer_bytes):
-            if a:
-                allocated[pos[owner[b]]] += a
-                if last[b] >= 0:  # else never freed (an output, or an input of a collective nobody waits on)
-                    freed[last[b]] += a
+        for p, u in enumerate(order):  # positions ascend: the last write is the last user's
+            for r in uses[u]:
+                last[r] = p
+        allocated = list(map(self.alloc.__getitem__, order))  # by position: a node allocates all its buffers
+        freed = [0] * self.n  # by position
+        # a buffer no one uses (-1) is never freed (an output, or an input of a collective nobody waits on)
+        for nbytes, p in zip(self.buffer_bytes, last):
+            if p >= 0:
+                freed[p] += nbytes
         # live at position p: all allocated up to p, less all freed before p (a running sum, at C speed)
         return list(accumulate(map(sub, allocated, chain((0,), freed))))
 
