@@ -121,12 +121,6 @@ class ListScheduler:
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
-        # what the last ``_check_holds`` charged, to repeat it without the per-wait work when nothing it reads
-        # changed since (``holds_changed`` False): the end of its range (every one of the first ``count``
-        # overdue waits is charged up to there, although ``hold_from`` is written only when the per-wait work
-        # runs again), the bytes they hold together, and ``count``
-        self.holds_changed = True
-        self.last_holds: Optional[tuple[int, int, int]] = None
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -218,16 +212,9 @@ class ListScheduler:
                 held = self.held_by_overdue
                 for r in self.memory.uses[i]:
                     held[r] -= 1
-                self.holds_changed = True
         else:
             self.clock.run_compute(i)
         self.memory.run(i)
-        if self.overdue and not self.holds_changed:
-            held = self.held_by_overdue
-            for r in self.memory.uses[i]:
-                if held[r]:  # a buffer an overdue wait holds has one user fewer
-                    self.holds_changed = True
-                    break
         self.scheduled[i] = 1
         self.order.append(i)
         if kind != WAIT:  # a wait released its consumers when it became pending
@@ -310,33 +297,15 @@ class ListScheduler:
                 self.is_overdue[w] = 1
                 for r in uses[w]:
                     held[r] += 1
-                self.holds_changed = True
         if not self.overdue:
             return
+        keep: list[int] = []
         tree = self.tree
         limit = self.limit
-        hold_from = self.hold_from
-        hold_hi = upto + 1
-        if self.last_holds is not None:
-            last_hi, held_total, count = self.last_holds
-            if not self.holds_changed:
-                # Nothing the loop below reads changed since the last call, which charged every overdue wait up
-                # to ``last_hi`` and placed none: each holds the same bytes now, over positions last_hi..upto.
-                # Charged one by one, none would exceed the limit if all of them together do not.
-                if hold_hi <= last_hi:
-                    return  # nothing new to charge (the loop below would keep every wait)
-                if tree.max(last_hi, hold_hi) + held_total <= limit:  # type: ignore[union-attr,operator]
-                    tree.add(last_hi, hold_hi, held_total)  # type: ignore[union-attr]
-                    self.last_holds = (hold_hi, held_total, count)
-                    return
-            for w in self.overdue[:count]:  # the per-wait work runs: write back how far each is charged
-                hold_from[w] = last_hi
-        self.holds_changed = False  # set again by any placement below
-        keep: list[int] = []
-        kept_total = 0  # bytes the kept waits were charged
-        each_charged_to_hi = True  # every kept wait was charged (or found holding nothing) up to ``hold_hi``
         remaining = self.memory.remaining
         buffer_bytes = self.memory.buffer_bytes
+        hold_from = self.hold_from
+        hold_hi = upto + 1
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         # Most holds extend over the same positions (those since the last check).  Charges to one range are
         # summed and added to the tree once: after adding ``acc`` to every position of a range, its max is the
@@ -349,20 +318,19 @@ class ListScheduler:
             hold_lo = hold_from[w] or w + 1
             if hold_lo >= hold_hi:
                 keep.append(w)
-                each_charged_to_hi = False
                 continue
             rs = uses[w]
-            nbytes = 0
-            shared = False  # holds a buffer other overdue waits hold too: ``charged`` must say who charges it
-            for r in rs:
-                if remaining[r] == held[r]:
-                    if held[r] == 1 and not self.holds_changed:
-                        # ``w`` alone holds it, so no wait before it in this call charged it (unless a placement
-                        # in this call dropped another holder: then the general test below)
+            if len(rs) == 1:  # the usual case (a reduce-scatter's input): no list to build
+                r = rs[0]
+                mine = rs
+                nbytes = buffer_bytes[r] if remaining[r] == held[r] and r not in charged else 0
+            else:
+                mine = []
+                nbytes = 0
+                for r in rs:
+                    if remaining[r] == held[r] and r not in charged:
+                        mine.append(r)
                         nbytes += buffer_bytes[r]
-                    elif r not in charged:
-                        nbytes += buffer_bytes[r]
-                        shared = True
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)
@@ -376,10 +344,8 @@ class ListScheduler:
                 if run_max + acc + nbytes <= limit:  # type: ignore[operator]
                     acc += nbytes
                     hold_from[w] = hold_hi
-                    if shared:
-                        charged.update(r for r in rs if remaining[r] == held[r])
+                    charged.update(mine)
                     keep.append(w)
-                    kept_total += nbytes
                     continue
             self._place_deps(w, "needed by")
             self._place(w)
@@ -388,10 +354,6 @@ class ListScheduler:
         if acc:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
-        if tree is not None and each_charged_to_hi and not self.holds_changed:
-            self.last_holds = (hold_hi, kept_total, len(keep))
-        else:
-            self.last_holds = None
 
     def _issue_due(self, frontier: int) -> None:
         structure = self.structure
