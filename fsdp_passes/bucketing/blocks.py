@@ -13,7 +13,8 @@ from .manual import collective_fqn
 from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, cut_to_bound,
                    make_bucket, split_dependent)
 
-__all__ = ["REPEAT", "block_keys", "collective_blocks", "merged_block_buckets", "plan_per_block", "plan_unmerged", "repeated_blocks"]
+__all__ = ["REPEAT", "block_keys", "collective_blocks", "merged_block_buckets", "plan_per_block", "plan_unmerged",
+           "repeated_blocks"]
 
 #: the prefix of blocks found by the graph's repeated structure, not by module names
 REPEAT = "<repeat>"
@@ -163,7 +164,8 @@ def merged_block_buckets(dag: Dag, *, bucket_non_fsdp: bool = False,
 
 
 def _block_pieces(dag: Dag, bucket_non_fsdp: bool, param_fqns: Mapping[str, str] | None, cap_bytes: int | None,
-                  memory_budget_bytes: BucketLimit) -> tuple[list[int], dict[int, str], list[tuple[list[int], str, str]]]:
+                  memory_budget_bytes: BucketLimit,
+                  ) -> tuple[list[int], dict[int, str], list[tuple[list[int], str, str]]]:
     """``plan_per_block``'s collectives, unbucketed ones and buckets as (members, close reason, label)."""
     collectives = dag.collectives()
     unbucketed: dict[int, str] = {}
