@@ -13,7 +13,8 @@ from .manual import collective_fqn
 from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, cut_to_bound,
                    make_bucket, split_dependent)
 
-__all__ = ["REPEAT", "block_keys", "collective_blocks", "plan_per_block", "plan_unmerged", "repeated_blocks"]
+__all__ = ["REPEAT", "block_keys", "collective_blocks", "merged_block_buckets", "plan_per_block", "plan_unmerged",
+           "repeated_blocks"]
 
 #: the prefix of blocks found by the graph's repeated structure, not by module names
 REPEAT = "<repeat>"
@@ -145,6 +146,27 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
     ``memory_budget_bytes`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
     without an FQN are grouped by the graph's repeated structure (``repeated_blocks``); the rest stay alone.
     """
+    collectives, unbucketed, pieces = _block_pieces(dag, bucket_non_fsdp, param_fqns, cap_bytes, memory_budget_bytes)
+    buckets = [make_bucket(dag, members, close_reason=why, label=label) for members, why, label in pieces]
+    buckets.sort(key=lambda b: b.members[0])
+    return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
+
+
+def merged_block_buckets(dag: Dag, *, bucket_non_fsdp: bool = False,
+                         param_fqns: Mapping[str, str] | None = None) -> list[Bucket]:
+    """The buckets of ``plan_per_block`` (no cap, no limit) that merge two or more collectives, in graph order,
+    without building the single-collective ones (what the memory budget's block claim reads)."""
+    _, _, pieces = _block_pieces(dag, bucket_non_fsdp, param_fqns, None, None)
+    buckets = [make_bucket(dag, members, close_reason=why, label=label) for members, why, label in pieces
+               if len(members) > 1]
+    buckets.sort(key=lambda b: b.members[0])
+    return buckets
+
+
+def _block_pieces(dag: Dag, bucket_non_fsdp: bool, param_fqns: Mapping[str, str] | None, cap_bytes: int | None,
+                  memory_budget_bytes: BucketLimit,
+                  ) -> tuple[list[int], dict[int, str], list[tuple[list[int], str, str]]]:
+    """``plan_per_block``'s collectives, unbucketed ones and buckets as (members, close reason, label)."""
     collectives = dag.collectives()
     unbucketed: dict[int, str] = {}
     fqns: dict[int, str | None] = {}
@@ -156,11 +178,11 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
             fqns[c] = collective_fqn(dag.nodes[c], param_fqns)
     blocks = collective_blocks(dag, fqns)
     groups: dict[tuple, list[int]] = {}
-    buckets: list[Bucket] = []
+    pieces: list[tuple[list[int], str, str]] = []
     for c in fqns:  # graph order
         block = blocks[c]
         if block is None:
-            buckets.append(make_bucket(dag, [c], close_reason="plan", label="block:?"))
+            pieces.append(([c], "plan", "block:?"))
         else:
             groups.setdefault((block, bucket_key(dag.nodes[c])), []).append(c)
     for (block, _), members in groups.items():
@@ -171,9 +193,8 @@ def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mappi
                                            cap_bytes):
                 if why is None:
                     why = "dependency" if r_idx < len(runs) - 1 else "plan"
-                buckets.append(make_bucket(dag, piece, close_reason=why, label=label))
-    buckets.sort(key=lambda b: b.members[0])
-    return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
+                pieces.append((piece, why, label))
+    return collectives, unbucketed, pieces
 
 
 def plan_unmerged(dag: Dag, like: BucketPlanResult, reason: str = "score") -> BucketPlanResult:

@@ -177,11 +177,11 @@ def split_dependent(dag: Dag, members: Sequence[int]) -> list[list[int]]:
     scanned = members[0]
     preds = dag.preds
     for m in members[1:]:
-        for v in range(scanned + 1, m):
-            if v not in tainted and any(p in tainted for p in preds[v]):
+        for v in range(scanned + 1, m):  # v is not tainted yet: the window is scanned once
+            if not tainted.isdisjoint(preds[v]):
                 tainted.add(v)
         scanned = m
-        if any(p in tainted for p in preds[m]):
+        if not tainted.isdisjoint(preds[m]):
             runs.append(current)
             current = [m]
             tainted = {m}
@@ -221,13 +221,18 @@ def plan_cycles(dag: Dag, buckets: Iterable[Bucket]) -> list[int]:
         if rep[i] != i:
             members_of.setdefault(rep[i], [rep[i]]).append(i)
     dag_succs = dag.succs
-    indeg = [0] * n
-    for u in range(n):
-        ru = rep[u]
-        for v in dag_succs[u]:
-            rv = rep[v]
-            if ru != rv:
-                indeg[rv] += 1
+    # in-degrees: a node outside every bucket keeps its own (its inputs are distinct nodes, none of them
+    # itself); a representative's are its members' inputs from outside the group, recounted
+    indeg = list(map(len, dag.preds))
+    preds = dag.preds
+    for r, group in members_of.items():
+        count = 0
+        for m in group:
+            indeg[m] = 0
+            for p in preds[m]:
+                if rep[p] != r:
+                    count += 1
+        indeg[r] = count
     reps = [r for r in range(n) if rep[r] == r]
     ready = [r for r in reps if indeg[r] == 0]
     done = 0

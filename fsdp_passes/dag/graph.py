@@ -325,16 +325,18 @@ def buffer_roots(dag: Dag) -> list[int]:
     """For every node, the node that owns the buffer it produces (itself unless it aliases another)."""
     nodes = dag.nodes
     n = len(nodes)
-    root = [-1] * n
+    alias = [node.alias_of for node in nodes]
+    # a node that aliases nothing owns its buffer (most nodes): resolved without a walk
+    root = [i if a is None else -1 for i, a in enumerate(alias)]
     for i in range(n):
         if root[i] >= 0:
             continue
         chain: list[int] = []
         j = i
         # walk the alias chain to an owner or to an already resolved node, then write back the whole chain
-        while root[j] < 0 and nodes[j].alias_of is not None:
+        while root[j] < 0 and alias[j] is not None:
             chain.append(j)
-            j = nodes[j].alias_of  # type: ignore[assignment]
+            j = alias[j]  # type: ignore[assignment]
             if not 0 <= j < n:
                 raise ValueError(f"{nodes[chain[-1]].name} aliases node {j}, outside 0..{n - 1}")
             if len(chain) > n:

@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ..bucketing.blocks import plan_per_block
+from ..bucketing.blocks import merged_block_buckets
 from ..bucketing.manual import describe_entries
 from ..bucketing.plan import Bucket, BucketPlanResult, cut_to_bound, fsdp_payload_bytes, make_bucket
 from ..dag.graph import CollectiveOp, Dag
@@ -77,8 +77,7 @@ def block_claim(dag: Dag, *, param_fqns: Mapping[str, str] | None = None,
     """What one bucket per module block claims of the budget (``memory_claim`` of the per-block plan, no
     size cap), and its largest bucket's ``extra_bytes`` per collective kind.  (0, {}) where no block
     bucket merges anything."""
-    plan = plan_per_block(dag, bucket_non_fsdp=bucket_non_fsdp, param_fqns=param_fqns)
-    merged = [b for b in plan.buckets if len(b) > 1]
+    merged = merged_block_buckets(dag, bucket_non_fsdp=bucket_non_fsdp, param_fqns=param_fqns)
     if not merged:
         return 0, {}
     per_kind = {op: n for op, n in _largest_extra_per_kind(merged).items() if n > 0}

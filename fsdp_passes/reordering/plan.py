@@ -186,8 +186,6 @@ def plan_order(
                 break
             notes.append(f"pass {passes}: peak {outcome.peak} B > limit {limit} B; tightening the gates")
             eff -= outcome.peak - limit
-        conservative = ListScheduler(s, mm, base_curve, dur, limit=None, max_prefetch=max_prefetch,
-                                     overlap=overlap)
     except InternalError as e:  # pragma: no cover - invariant breach; keep the graph's own order
         return keep_original(f"scheduler error: {e}", passes)
 
@@ -195,8 +193,9 @@ def plan_order(
     rejected: list[str] = []
     for label, outcome in tried + [("conservative", None)]:  # type: ignore[list-item]
         if outcome is None:
-            try:
-                outcome = conservative.run()
+            try:  # built only when needed: its state is a few lists of n entries
+                outcome = ListScheduler(s, mm, base_curve, dur, limit=None, max_prefetch=max_prefetch,
+                                        overlap=overlap).run()
             except InternalError as e:  # pragma: no cover
                 rejected.append(f"conservative pass failed: {e}")
                 continue

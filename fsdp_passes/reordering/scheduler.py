@@ -319,12 +319,18 @@ class ListScheduler:
             if hold_lo >= hold_hi:
                 keep.append(w)
                 continue
-            mine = []
-            nbytes = 0
-            for r in uses[w]:
-                if remaining[r] == held[r] and r not in charged:
-                    mine.append(r)
-                    nbytes += buffer_bytes[r]
+            rs = uses[w]
+            if len(rs) == 1:  # the usual case (a reduce-scatter's input): no list to build
+                r = rs[0]
+                mine = rs
+                nbytes = buffer_bytes[r] if remaining[r] == held[r] and r not in charged else 0
+            else:
+                mine = []
+                nbytes = 0
+                for r in rs:
+                    if remaining[r] == held[r] and r not in charged:
+                        mine.append(r)
+                        nbytes += buffer_bytes[r]
             if nbytes == 0:
                 hold_from[w] = hold_hi
                 keep.append(w)
@@ -759,14 +765,13 @@ class ListScheduler:
         if not nbytes:
             return ""
         limit = self.limit
-        whose = f"output of {output_of}" if output_of else "output"
         if live is not None and live + nbytes > limit:  # type: ignore[operator]
+            whose = f"output of {output_of}" if output_of else "output"
             return f"memory limit: {live} B live + {nbytes} B {whose} > {limit} B"
-        worst = self.tree.max(lo, hi)  # type: ignore[union-attr]
+        worst = self.tree.add_within(lo, hi, nbytes, limit)  # type: ignore[union-attr,arg-type]
         if worst + nbytes > limit:  # type: ignore[operator]
             return (f"memory limit: the original order peaks at {worst} B before {output_of or 'it'}, "
                     f"+ {nbytes} B > {limit} B")
-        self.tree.add(lo, hi, nbytes)  # type: ignore[union-attr]
         return ""
 
     def _finish(self) -> None:

@@ -49,37 +49,30 @@ class Structure:
         self.names = [node.name for node in nodes]
         kind = bytearray(n)
         collective = NodeKind.COLLECTIVE  # a local: reading an enum member off its class costs several times more
-        for i, node in enumerate(nodes):
-            if node.kind is collective:
-                kind[i] = COLLECTIVE
-        # a wait on nothing we know (-1) is an ordinary node on the compute stream
-        coll_of = wait_collectives(dag)
-        for i, c in enumerate(coll_of):
-            if c >= 0:
-                kind[i] = WAIT
-        self.kind = kind
-        self.coll_of = coll_of
-
-        # the DAG's own lists, read only; a list that gains the implicit edge is replaced by a sorted copy
-        preds = list(dag.preds)
-        succs = list(dag.succs)
-        for w, c in enumerate(coll_of):
-            if c >= 0 and c not in dag.preds[w]:
-                if c > w:
-                    raise ValueError(f"wait {nodes[w].name} comes before its collective {nodes[c].name}")
-                preds[w] = sorted([*preds[w], c])
-                succs[c] = sorted([*succs[c], w])
-        self.preds = preds
-        self.succs = succs
-
-        collectives = [i for i in range(n) if kind[i] == COLLECTIVE]
+        collectives = [i for i, node in enumerate(nodes) if node.kind is collective]
         # one shared empty tuple for every node that is not a collective (read only, like the rest)
         waits_of: list = [()] * n
         for c in collectives:
+            kind[c] = COLLECTIVE
             waits_of[c] = []
-        for w, c in enumerate(coll_of):
+        # a wait on nothing we know (-1) is an ordinary node on the compute stream
+        coll_of = wait_collectives(dag)
+        # the DAG's own lists, read only; a list that gains the implicit edge is replaced by a sorted copy
+        preds = list(dag.preds)
+        succs = list(dag.succs)
+        for w, c in enumerate(coll_of):  # one pass over the waits: their class, their lists, the implicit edge
             if c >= 0:
+                kind[w] = WAIT
                 waits_of[c].append(w)
+                if c not in preds[w]:
+                    if c > w:
+                        raise ValueError(f"wait {nodes[w].name} comes before its collective {nodes[c].name}")
+                    preds[w] = sorted([*preds[w], c])
+                    succs[c] = sorted([*succs[c], w])
+        self.kind = kind
+        self.coll_of = coll_of
+        self.preds = preds
+        self.succs = succs
         self.waits_of: list[list[int]] = waits_of
 
         self.group: list[str] = [""] * n

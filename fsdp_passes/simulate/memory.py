@@ -71,9 +71,12 @@ class MemoryModel:
         parts: dict[int, list[int]] = {}
         read_by: dict[int, dict[int, list[int]]] = {}
         pinned_parts: list[int] = []
-        for i, (node, bufs) in enumerate(zip(nodes, buffer_readers(dag))):
+        # per node, its output buffers and their readers (None: no node writes several buffers, the usual case)
+        readers_of = buffer_readers(dag) if any(node.output_buffers for node in nodes) else None
+        for i, node in enumerate(nodes):
             if node.alias_of is not None or node.op in _INPUT_OPS:
                 continue
+            bufs = readers_of[i] if readers_of is not None else None
             if not bufs:
                 size[i] = alloc[i] = int(node.out_bytes)
                 continue
@@ -107,6 +110,11 @@ class MemoryModel:
                     pinned[b] = 1
         # per node, the buffers it uses: its own (or those of the node it aliases) and those it reads
         preds = dag.preds
+        waits_of: dict[int, list[int]] = {}
+        for w, c in enumerate(waited):
+            if c >= 0:
+                waits_of.setdefault(c, []).append(w)
+        collective = NodeKind.COLLECTIVE
         if parts:
             uses: list[list[int]] = []
             for v in range(n):
@@ -118,31 +126,26 @@ class MemoryModel:
                     else:
                         lst.extend(buffers_of(r))
                 uses.append(lst)
-        else:  # every node is one buffer (the usual case): the same lists without a call per use
-            root_of = root.__getitem__
-            uses = [[root[v], *map(root_of, ps)] for v, ps in enumerate(preds)]
-        waits_of: dict[int, list[int]] = {}
-        for w, c in enumerate(waited):
-            if c >= 0:
-                waits_of.setdefault(c, []).append(w)
-        collective = NodeKind.COLLECTIVE
-        for i, node in enumerate(nodes):
-            if node.kind is not collective:
-                continue
-            own = buffers_of(root[i])
-            inputs = [b for b in uses[i] if b not in own]
-            ws = waits_of.get(i)
-            if ws is None:
-                for b in inputs:  # read asynchronously by a collective nobody waits on: never freed
-                    pinned[b] = 1
-            else:
-                for w in ws:
-                    uses[w].extend(inputs)
-        freeable = [bool(size[b]) and not pinned[b] for b in range(nb)]
-        is_freeable = freeable.__getitem__
-        # sorted and without repeats: a node counts once per buffer it uses
-        uses = [sorted(set(filter(is_freeable, lst))) if len(lst) > 1 else lst if is_freeable(lst[0]) else []
-                for lst in uses]
+            # a collective's inputs are used by its waits too (read asynchronously until the wait has run)
+            for i, node in enumerate(nodes):
+                if node.kind is not collective:
+                    continue
+                own = buffers_of(root[i])
+                inputs = [b for b in uses[i] if b not in own]
+                ws = waits_of.get(i)
+                if ws is None:
+                    for b in inputs:  # read asynchronously by a collective nobody waits on: never freed
+                        pinned[b] = 1
+                else:
+                    for w in ws:
+                        uses[w].extend(inputs)
+            freeable = [bool(size[b]) and not pinned[b] for b in range(nb)]
+            is_freeable = freeable.__getitem__
+            # sorted and without repeats: a node counts once per buffer it uses
+            uses = [sorted(set(filter(is_freeable, lst))) if len(lst) > 1 else lst if is_freeable(lst[0]) else []
+                    for lst in uses]
+        else:
+            uses = self._single_buffer_uses(nodes, preds, root, waits_of, size, pinned)
         counts = Counter(chain.from_iterable(uses))
         users = [counts[b] for b in range(nb)] if counts else [0] * nb
         self.n = n
@@ -153,6 +156,46 @@ class MemoryModel:
         self.owner = owner
         self.uses = uses
         self.users = users
+
+    @staticmethod
+    def _single_buffer_uses(nodes: Sequence, preds: list[list[int]], root: list[int], waits_of: dict[int, list[int]],
+                            size: list[int], pinned: bytearray) -> list[list[int]]:
+        """``uses`` when every node is one buffer (buffer ids are node ids), pinning the inputs of collectives
+        nobody waits on: the same lists as the general case, built without a set and a sort for the nodes that
+        read one input (most of them)."""
+        collective = NodeKind.COLLECTIVE
+        root_of = root.__getitem__
+        wait_inputs: dict[int, list[int]] = {}  # per wait: its collective's inputs (read until the wait has run)
+        for i, node in enumerate(nodes):
+            if node.kind is not collective:
+                continue
+            own = root[i]
+            inputs = [r for r in map(root_of, preds[i]) if r != own]
+            ws = waits_of.get(i)
+            if ws is None:
+                for b in inputs:  # read asynchronously by a collective nobody waits on: never freed
+                    pinned[b] = 1
+            elif inputs:
+                for w in ws:
+                    wait_inputs.setdefault(w, []).extend(inputs)
+        freeable = [bool(nbytes) and not pin for nbytes, pin in zip(size, pinned)]
+        uses: list[list[int]] = []
+        append = uses.append
+        for v, ps in enumerate(preds):
+            r = root[v]
+            if len(ps) == 1:
+                q = root[ps[0]]
+                if freeable[r]:
+                    append(([r, q] if r < q else [q, r]) if freeable[q] and q != r else [r])
+                else:
+                    append([q] if freeable[q] else [])
+            elif not ps:
+                append([r] if freeable[r] else [])
+            else:
+                append(sorted({b for b in (r, *map(root_of, ps)) if freeable[b]}))
+        for w, inputs in wait_inputs.items():
+            uses[w] = sorted({b for b in (*uses[w], *inputs) if freeable[b]})
+        return uses
 
     def user_pairs(self) -> Iterator[tuple[int, int]]:
         """``(node, buffer)`` for every use of a buffer that can be freed."""
@@ -166,25 +209,17 @@ class MemoryModel:
     def curve(self, order: Sequence[int]) -> list[int]:
         """Live bytes while each position of ``order`` runs: what ``MemoryTracker.run`` returns node by node,
         computed for a whole order at once (a buffer is freed at the position of its last user)."""
-        n = self.n
-        pos = [0] * n
-        for p, i in enumerate(order):
-            pos[i] = p
+        uses = self.uses
         last = [-1] * self.n_buffers
-        for u, rs in enumerate(self.uses):
-            if rs:
-                pu = pos[u]
-                for r in rs:
-                    if pu > last[r]:
-                        last[r] = pu
-        allocated = [0] * n  # by position
-        freed = [0] * n  # by position
-        owner = self.owner
-        for b, a in enumerate(self.buffer_bytes):
-            if a:
-                allocated[pos[owner[b]]] += a
-                if last[b] >= 0:  # else never freed (an output, or an input of a collective nobody waits on)
-                    freed[last[b]] += a
+        for p, u in enumerate(order):  # positions ascend: the last write is the last user's
+            for r in uses[u]:
+                last[r] = p
+        allocated = list(map(self.alloc.__getitem__, order))  # by position: a node allocates all its buffers
+        freed = [0] * self.n  # by position
+        # a buffer no one uses (-1) is never freed (an output, or an input of a collective nobody waits on)
+        for nbytes, p in zip(self.buffer_bytes, last):
+            if p >= 0:
+                freed[p] += nbytes
         # live at position p: all allocated up to p, less all freed before p (a running sum, at C speed)
         return list(accumulate(map(sub, allocated, chain((0,), freed))))
 
