@@ -5,7 +5,7 @@ Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespace
 
 1. **Collective sweep** on the link (``fsdp_passes.cost_model.calibrate.calibrate``): all-gather,
    reduce-scatter, all-reduce over sizes; each is compared with the uncalibrated link profile's prediction.
-2. **One profiled step** of the compiled model without passes (``torch.profiler``, Inductor's kernel
+2. **Three profiled steps** of the compiled model without passes (``torch.profiler``, Inductor's kernel
    profiling on) -> ``calibrate_from_trace(trace, base=sweep)``: the calibration every configuration plans with.
 3. The overlap costs (host issue time per collective, compute slowdown under a collective) are measured on
    this link (``overlap_costs.measure_overlap``) and put into the link's profile, so the passes plan with them.
@@ -49,6 +49,7 @@ CONFIGS = ("none", "manual", "auto", "reorder_only")
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 FULL_SIZES = [2**10 * 4**k for k in range(9)]  # 1 KiB .. 64 MiB
 SMOKE_SIZES = [2**10, 2**16]
+PROFILED_STEPS = 3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -302,7 +303,8 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
                 step()
             dist.barrier()
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                step()
+                for _ in range(PROFILED_STEPS):  # each kernel's median over these steps
+                    step()
     finally:
         inductor_config.cpp.enable_kernel_profile = False
     prof.export_chrome_trace(str(trace))
