@@ -442,9 +442,7 @@ def _link_profile(rate: str, gflops: float, call_floor_us: float) -> dict:
 def _measure_call_floor_us(calls: int = 30) -> float:
     """Median time of back-to-back 1 KiB all-reduces over the default group: the time no collective on this
     link goes under (gloo's TCP round trips through the namespaces and the shaped veth pair, about 0.3-0.4 ms
-    against loopback's 0.1).  Every rank takes part; the caller shares rank 0's figure.  (A one-element
-    all-reduce, fewer elements than ranks, was followed by glibc heap-corruption aborts in later compiled
-    steps in 3 of 5 runs; none in 4 runs without it.)"""
+    against loopback's 0.1).  Every rank takes part; the caller shares rank 0's figure."""
     import torch
     import torch.distributed as dist
 
