@@ -201,11 +201,13 @@ class StreamClock:
         self.issue[w] = t
         self.start[w] = t
         ce = self.end[c]
-        blocked = ce - t if ce > t else 0.0
+        blocked = 0.0
+        if ce > t:
+            blocked = ce - t
+            t = ce  # not t + blocked, which can land one ulp before the collective's end
         self.exposed[c] += blocked
         self.exposed_total += blocked
         self.wait_blocked[w] = blocked
-        t += blocked
         d = self.durations[w]
         if self.slowdown > 0.0:
             e = self._run(t, d)

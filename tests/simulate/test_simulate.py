@@ -51,6 +51,16 @@ def test_prefetched_all_gather_exposes_the_part_compute_does_not_cover():
     assert tl.lower_bound <= tl.makespan
 
 
+def test_a_wait_ends_exactly_when_its_collective_does():
+    # 0.673 + (6.2485 - 0.673) rounds one ulp below 6.2485: the wait must not end before its collective
+    b = Builder()
+    b.compute("c0", 0.6731135254387071)
+    ag = b.coll("ag", 6.248512067058468)
+    w = b.wait("w", ag)
+    tl = simulate(b.dag(), b.order("ag", "c0", "w"), b.durations)
+    assert tl.end[w] == tl.end[ag] == 6.248512067058468
+
+
 def test_issuing_late_exposes_the_whole_collective():
     b = Builder()
     b.compute("c0", 2)
