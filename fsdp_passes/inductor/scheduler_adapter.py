@@ -174,8 +174,8 @@ def _origin_flops(snode: Any) -> float:
         # a fallback kernel with several results (attention) has its getitems among its origins too: its op is
         # the origin that calls the kernel's overload
         overload = getattr(getattr(snode, "node", None), "op_overload", None)
-        origin = next((o for o in getattr(snode.node, "origins", ()) if overload is not None and o.target is overload),
-                      None) if hasattr(snode, "node") else None
+        if overload is not None:
+            origin = next((o for o in getattr(snode.node, "origins", ()) if o.target is overload), None)
     if origin is None:
         return 0.0
     ops = _wrapped_ops(origin)
@@ -280,8 +280,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
         if node.dtype is None:
             # in-place collectives (all_reduce_) and fallback kernels with several results (attention) own no
             # typed buffer: they compute in their first input's dtype (the FX DAG reads it off the first result)
-            typed = [t for t in getattr(ir_node, "inputs", ()) or () if _dtype_name(t)]
-            node.dtype = _dtype_name(typed[0]) if typed else None
+            node.dtype = next(filter(None, map(_dtype_name, getattr(ir_node, "inputs", ()) or ())), None)
         # an in-place collective (all_reduce_) or a wait writes a buffer it does not own: a graph output too
         returned = [b for b in buffers if b.get_name() in outputs or any(m in outputs for m in b.get_mutations())]
         if returned:
