@@ -76,16 +76,12 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
 def _compute_nodes(debug_dir: Path) -> list[dict[str, Any]]:
     """Every compute node of the scheduler pass's dumps: graph, kernel key, priced duration (ms)."""
     out = []
-    for dump in sorted(debug_dir.rglob("dag.json")):
-        if "fx" in dump.parent.name.split("_"):
-            continue
+    for dump in sorted(debug_dir.rglob("dag.json")):  # only the scheduler pass writes dag.json
         data = json.loads(dump.read_text())
-        if data.get("meta", {}).get("pass") not in (None, "scheduler"):
-            continue
         for node, ms in zip(data["nodes"], data["durations_ms"]):
             if node["kind"] == "compute" and node.get("launches_kernel", True):
                 out.append({"graph": dump.parent.name, "key": node.get("kernel_key"), "ms": ms,
-                            "flops": node.get("flops"), "bytes": node.get("bytes_accessed")})
+                            "flops": node.get("flops"), "bytes": node["in_bytes"] + node["out_bytes"]})
     return out
 
 
