@@ -20,7 +20,9 @@ Conventions (see each shipped JSON's ``description`` for its sources):
   shortest time of one call, ``max(floor, latency + size / bandwidth)`` (the transfer hides under it);
   ``inter_node_latency_floor_us``, the smallest latency of a collective spanning nodes,
   ``max(floor, latency) + size / bandwidth`` (the transfer adds to it).
-* Compute: dense peak TFLOP/s per dtype, memory bandwidth in GB/s and a fixed per-kernel overhead in µs.
+* Compute: dense peak TFLOP/s per dtype, memory bandwidth in GB/s and a fixed per-kernel overhead in µs;
+  ``matmul_fixed_us`` is what a kernel doing FLOPs (matrix multiply, attention, convolution) costs on top:
+  filling and draining its pipeline of tiles, which a large GEMM hides and a small one does not (0: none).
 * ``collective_library`` says which algorithms run: ``"nccl"`` (ring / tree, LL / Simple, the fastest wins)
   or ``"gloo"`` (ring only; gloo's tensor reduce-scatter runs a full ring all-reduce and keeps one chunk).
 * Overlap costs: ``collective_issue_us`` is the host time the compute stream spends issuing one collective
@@ -81,6 +83,7 @@ class ClusterProfile:
     collective_floor_us: float = 0.0
     inter_node_latency_floor_us: float = 0.0
     net_overhead_us: float = 0.0
+    matmul_fixed_us: float = 0.0
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -105,6 +108,7 @@ _NON_NEGATIVE_FIELDS = (
     "collective_floor_us",
     "inter_node_latency_floor_us",
     "net_overhead_us",
+    "matmul_fixed_us",
 )
 COLLECTIVE_LIBRARIES = ("nccl", "gloo")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(ClusterProfile))

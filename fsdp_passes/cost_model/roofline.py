@@ -56,10 +56,12 @@ def peak_tflops(profile: ClusterProfile, dtype: Any = None) -> float:
 
 
 def compute_ms(flops: float, bytes_moved: float, dtype: Any, profile: ClusterProfile) -> float:
-    """``launch overhead + max(flops / peak, bytes / memory bandwidth)`` in milliseconds."""
+    """``launch overhead + max(flops / peak, bytes / memory bandwidth)`` in milliseconds, plus the profile's
+    ``matmul_fixed_us`` for a kernel that does FLOPs."""
     for field, value in (("flops", flops), ("bytes_moved", bytes_moved)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"{field}={value!r} is not valid: expected a non-negative finite number")
     math_ms = flops / (peak_tflops(profile, dtype) * 1e9)  # TFLOP/s = 1e12 /s -> 1e9 per ms
     mem_ms = bytes_moved / (profile.mem_bw_gbps * 1e6)  # GB/s = 1e9 B/s -> 1e6 per ms
-    return profile.kernel_launch_us / 1e3 + max(math_ms, mem_ms)
+    fixed_us = profile.kernel_launch_us + (profile.matmul_fixed_us if flops > 0 else 0.0)
+    return fixed_us / 1e3 + max(math_ms, mem_ms)
