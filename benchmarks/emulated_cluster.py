@@ -424,9 +424,9 @@ def _machine() -> dict:
     return {**machine(), "threads_per_rank": torch.get_num_threads()}
 
 
-def _link_profile(rate: str, gflops: float, call_floor_us: float) -> dict:
+def _link_profile(rate: str, gflops: float, latency_us: tuple[float, float]) -> dict:
     """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks): the link's rate,
-    the thread's FLOP/s and the link's per-call floor (``_measure_call_floor_us``)."""
+    the thread's FLOP/s and the link's latencies, a base and one per ring step (``_measure_link_latency_us``)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     text = rate.lower()
     bits = None
@@ -435,28 +435,43 @@ def _link_profile(rate: str, gflops: float, call_floor_us: float) -> dict:
             bits = float(text[: -len(suffix)]) * factor
             break
     gbytes = (bits or 400e6) / 8 / 1e9
+    base_us, step_us = latency_us
+    latencies = {f"{algo}_base_latency_{proto}_us": base_us for algo in ("ring", "tree") for proto in ("simple", "ll")}
+    latencies.update({f"{where}_hop_latency_{proto}_us": step_us for where in ("intra", "inter")
+                      for proto in ("simple", "ll")})
     return {"base": "cpu-gloo", "intra_node_bw_gbps": gbytes, "inter_node_bw_per_nic_gbps": gbytes,
-            "tflops_float32": gflops / 1e3, "collective_floor_us": call_floor_us}
+            "tflops_float32": gflops / 1e3, **latencies}
 
 
-def _measure_call_floor_us(calls: int = 30) -> float:
-    """Fastest of back-to-back 1 KiB all-reduces over the default group: the time no collective on this
-    link goes under (gloo's TCP round trips through the namespaces and the shaped veth pair, about 0.3-0.4 ms
-    against loopback's 0.1).  The fastest, not the median: on a loaded 2-core host the median measured the
-    wait for a core (0.95-3.3 ms in three runs whose 1 KiB sweep points were 0.4-0.7 ms).  Every rank takes
-    part; the caller shares rank 0's figure."""
+def _measure_link_latency_us(calls: int = 30) -> tuple[float, float]:
+    """The link's latencies from small collectives over the default group: ``(base, per ring step)`` in µs.
+
+    Between two ranks a ring all-gather takes one step and an all-reduce two, so the fastest 1 KiB
+    all-reduce minus the fastest 1 KiB all-gather is one step (gloo's TCP round trip through the namespaces
+    and the shaped veth pair, about 0.3 ms against loopback's 0.05), and the all-gather minus that step is
+    the base.  The fastest, not the median: on a loaded 2-core host the median measures the wait for a core.
+    Every rank takes part; the caller shares rank 0's figures."""
     import torch
     import torch.distributed as dist
 
-    t = torch.zeros(256)
-    for _ in range(3):
-        dist.all_reduce(t)
-    times = []
-    for _ in range(calls):
-        t0 = time.perf_counter()
-        dist.all_reduce(t)
-        times.append(time.perf_counter() - t0)
-    return min(times) * 1e6
+    world = dist.get_world_size()
+    small = torch.zeros(256)
+    gathered = torch.zeros(256 * world)
+
+    def fastest(call: Any) -> float:
+        for _ in range(3):
+            call()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e6
+
+    gather_us = fastest(lambda: dist.all_gather_into_tensor(gathered, small))
+    reduce_us = fastest(lambda: dist.all_reduce(small))
+    step_us = max(reduce_us - gather_us, 0.0)
+    return max(gather_us - step_us, 0.0), step_us
 
 
 def _measure_gflops() -> float:
@@ -503,8 +518,8 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     x = torch.randn(args.batch, args.dim, generator=gen)
 
     # rank 0 measures the thread's speed; both ranks must plan with the same profile
-    floor_us = _measure_call_floor_us()
-    box = [(_measure_gflops(), floor_us) if rank == 0 else None]
+    latency_us = _measure_link_latency_us()
+    box = [(_measure_gflops(), latency_us) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     cluster = _link_profile(args.rate, *box[0])
     ours_options = dict(bucketing="auto", reorder=True, cluster=cluster, memory_budget=args.memory_budget)

@@ -260,8 +260,8 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
 
     gen = torch.Generator().manual_seed(1000 + rank)
     x = torch.randn(args.batch, args.dim, generator=gen)
-    floor_us = ec._measure_call_floor_us()
-    box = [(ec._measure_gflops(), floor_us) if rank == 0 else None]
+    latency_us = ec._measure_link_latency_us()
+    box = [(ec._measure_gflops(), latency_us) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     cluster = ec._link_profile(args.rate, *box[0])
     link = load_profile(cluster)
