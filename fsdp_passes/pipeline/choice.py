@@ -27,25 +27,30 @@ between two collectives is the larger of
   its reduction), the point where overlap is just possible;
 
 and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
-before the issue and each member copied out before its use; a reduction: each member copied in, the shard
-copied out).  So the score weighs what bucketing trades: a latency saved per merged collective against the
-copies it adds and a larger first (gathers) or last (reductions) bucket that nothing hides.  What
-overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each issue holds the
-compute stream for the profile's issue time, and compute runs slower while a collective is in flight.  With
-``reorder`` on, gathers are issued as early as their stream allows (prefetch); with it off, when first
-needed.  Score: modelled makespan, then exposed communication, then fewer collectives, then the
-candidate's index; makespans within ``SCORE_RESOLUTION`` (2 %) of the best count as equal, and the fewest
-collectives win among them.
+before the issue and each member copied out before its use; a reduction: each member copied in; the reduced
+shards are views).  A member whose input is computed for it alone by pointwise ops (a cast of the shard to
+``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own: Inductor computes that input
+straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
+``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
+per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
+nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
+issue holds the compute stream for the profile's issue time, and compute runs slower while a collective is in
+flight.  With ``reorder`` on, gathers are issued ahead of their use (prefetch), in order, as their stream
+allows and while the gathered bytes issued and not yet used fit in what the candidate leaves of the memory
+budget (its claim taken: the reordering gets only the rest, so a candidate claiming the whole budget is
+gathered when needed); with it off, when first needed.  Score: modelled makespan, then exposed communication,
+then fewer collectives, then the candidate's index; makespans within ``SCORE_RESOLUTION`` (2 %) of the best
+count as equal, and the fewest collectives win among them.
 
-The score reads the FSDP collectives (op, group, payload, dtype), their order, the graph's structure (how
-many kernels run between them), the module structure, the options and the cluster profile; no FLOP count or
-activation size, which differ between ranks with different local batches.  One caveat: the kernel
-prediction decides some fusions by comparing loop sizes (a kernel looping over a weight fuses with one
-looping over activations only when their element counts are equal), so a kernel count can depend on the
-local batch where such sizes happen to tie; tests/pipeline/test_rank_invariance.py holds the final
-collective sequences equal across local batches that include such ties (batch = model width), not every
-model and batch.  It costs one kernel prediction per graph and O(collectives) per
-candidate: no graph is rewritten or simulated.
+The score reads the FSDP collectives (op, group, payload, dtype), their order, the graph's structure (how many
+kernels run between them), the module structure, the options and the cluster profile; no FLOP count or
+activation size, which differ between ranks with different local batches.  One caveat: the kernel prediction
+decides some fusions by comparing loop sizes (a kernel looping over a weight fuses with one looping over
+activations only when their element counts are equal), so a kernel count can depend on the local batch where
+such sizes happen to tie (so can the copy-in test, which compares element counts too);
+tests/pipeline/test_rank_invariance.py holds the final collective sequences equal across local batches that
+include such ties (batch = model width), not every model and batch.  It costs one kernel prediction per graph
+and O(collectives) per candidate: no graph is rewritten or simulated.
 
 Memory: every candidate is fitted to the budget (``fit_to_budget``), so its rank-invariant claim on it
 (``memory_claim``) is within ``memory_budget``; a candidate over it (never one of these four) is rejected.
@@ -59,6 +64,7 @@ from typing import Any, Mapping
 from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult
 from ..dag.graph import CollectiveOp, Dag
+from ..dag.fusion import copy_fuses_with_producer
 from ..simulate import slowed_end
 from .budget import MemoryBudget, fit_to_budget, memory_claim
 
@@ -68,9 +74,10 @@ CANDIDATES = ("greedy", "per_block", "none", "greedy_half_cap")
 _TIE_MS = 1e-6
 
 #: candidates whose modelled makespan is within this fraction of the best one's count as equally fast, and
-#: the one with the fewest collectives wins among them: the score does not see which copy kernels Inductor
-#: fuses into their neighbours (on the third-party test models its makespans are 1-5 % off the final
-#: schedule's), and every collective more costs an issue, a latency floor and a copy-in kernel for certain
+#: the one with the fewest collectives wins among them: the score does not see which copy-outs Inductor
+#: fuses into their readers, nor the compute its stand-in replaces (on the third-party test models its
+#: makespans are 1-5 % off the final schedule's), and every collective more costs an issue and a latency floor
+#: for certain
 SCORE_RESOLUTION = 0.02
 
 _REDUCTIONS = (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
@@ -96,6 +103,7 @@ class CandidateScore:
     makespan_ms: float | None = None
     exposed_ms: float | None = None
     extra_bytes: int | None = None  # memory_claim of the plan
+    copy_ms: float | None = None  # the merges' copy kernels on the compute stream, at full speed
     rejected: str | None = None  # why it cannot be chosen (over the memory budget); None if it can
     skipped: str | None = None  # why it was not built (e.g. the greedy plan is already that small)
     same_as: str | None = None  # an earlier candidate with the same buckets (not scored again)
@@ -112,6 +120,7 @@ class CandidateScore:
             "n_merged_buckets": sum(1 for b in self.plan.buckets if len(b) > 1),
             "makespan_ms": self.makespan_ms,
             "exposed_ms": self.exposed_ms,
+            "copy_ms": self.copy_ms,
             "extra_bytes": self.extra_bytes,
             "rejected": self.rejected,
         }
@@ -227,6 +236,7 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     comm_ms: list[float] = []
     copy_in: list[float] = []  # on the compute stream before the issue
     copy_out: dict[int, float] = {}  # per member, on the compute stream before its first use (gathers)
+    unit_bytes: list[int] = []
     owner: dict[int, int] = {}
     for k, (members, op) in enumerate(units):
         first = dag.nodes[members[0]]
@@ -236,17 +246,23 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         comm_ms.append(cost(op, total, first))
         merged = len(members) > 1
         shard = max(first.group_size or 1, 1)
+        # a member whose input a pointwise kernel computes for it alone (a cast to the collective's dtype) is
+        # computed straight into the flat input: its copy-in is that kernel, which runs in every candidate
+        own_copy = [m for m in members if not copy_fuses_with_producer(dag, m)] if merged else []
         if is_gather:
             # a merged gather: each member's shard copied in, each member copied out of the merged buffer
-            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in members) if merged else 0.0)
+            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in own_copy))
             for m in members:
                 copy_out[m] = copy_ms(dag.nodes[m].comm_bytes) if merged else 0.0
         else:
-            # a merged reduction: each member copied into the flat input, the reduced shard copied out once
-            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in members) + copy_ms(total / shard)
-                           if merged else 0.0)
+            # a merged reduction: each member copied into the flat input; the reduced shards are views of the
+            # output (no kernel)
+            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in own_copy))
+        unit_bytes.append(total)
         for m in members:
             owner[m] = k
+
+    score.copy_ms = sum(copy_in) + sum(copy_out.values())
 
     # compute standing in for the FLOPs the score may not read: a member's transfer at the link's full
     # bandwidth (the marginal cost per byte of a large message), after a gathered parameter's first use and
@@ -276,12 +292,30 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         issued[k] = True
         return now
 
+    # prefetch (reorder on): gather buckets are issued ahead of their use, in order, while the gathered bytes
+    # issued and not yet used fit in what the plan leaves of the memory budget (the reordering gets only that:
+    # a plan claiming the whole budget is gathered when needed)
+    room = max(0, budget.total - score.extra_bytes) if options.reorder else -1
+    ahead = sorted({owner[m] for m in events if stream_of[owner[m]][1]}, key=lambda k: min(units[k][0]))
+    next_ahead = 0
+    held = 0  # bytes of gather buckets issued and not yet used
+
+    def prefetch(now: float) -> float:
+        nonlocal next_ahead, held
+        while next_ahead < len(ahead):
+            k = ahead[next_ahead]
+            if not issued[k]:
+                if held + unit_bytes[k] > room:
+                    break
+                now = issue(k, now)
+                held += unit_bytes[k]
+            next_ahead += 1
+        return now
+
     clock = _ComputeClock()
-    if options.reorder:  # prefetch: every gather bucket issued up front, in order, as its stream allows
-        for k in range(len(units)):
-            if stream_of[k][1]:
-                clock.advance(clock.now, issue(k, clock.now))
+    clock.advance(clock.now, prefetch(clock.now))
     remaining = {k: len(members) for k, (members, _) in enumerate(units)}
+    used: set[int] = set()
     previous = 0
     for e, m in enumerate(events):
         k = owner[m]
@@ -293,10 +327,15 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         clock.advance(clock.now, run(clock.now, max(region, stand_in)))
         previous = m
         if gather[e]:
-            if not issued[k]:  # no prefetch: issued when first needed
+            if not issued[k]:  # not prefetched: issued when first needed
                 clock.advance(clock.now, issue(k, clock.now))
+            elif k not in used:
+                held -= unit_bytes[k]
+            used.add(k)
             ready = max(clock.now, done[k])  # the compute stream waits for the gathered bucket
             clock.advance(ready, run(ready, copy_out[m]))
+            if options.reorder:  # its room is free for the next buckets
+                clock.advance(clock.now, prefetch(clock.now))
         else:
             remaining[k] -= 1
             if remaining[k] == 0:  # the last gradient of the bucket is ready
@@ -364,7 +403,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
         if first is not None:
             sc.same_as = first.name
             sc.n_collectives, sc.makespan_ms, sc.exposed_ms = first.n_collectives, first.makespan_ms, first.exposed_ms
-            sc.extra_bytes, sc.rejected = first.extra_bytes, first.rejected
+            sc.extra_bytes, sc.rejected, sc.copy_ms = first.extra_bytes, first.rejected, first.copy_ms
             scores.append(sc)
             continue
         seen[sig] = sc

@@ -199,3 +199,26 @@ def test_the_score_charges_the_profiles_issue_time(mlp):
         busy_free = none_free.makespan_ms - none_free.exposed_ms
         busy_costly = none_costly.makespan_ms - none_costly.exposed_ms
         assert busy_costly == pytest.approx(busy_free + 0.050 * none_free.n_collectives)
+
+
+def test_prefetch_only_within_what_the_plan_leaves_of_the_budget(mlp):
+    """The reordering gets what the plan leaves of the memory budget (``reorder_graph``): a plan that claims all
+    of it cannot be prefetched, and the score issues its gathers when first needed, as with reorder off; with
+    room for every bucket, gathers are issued ahead and the forward's modelled step is shorter."""
+    from fsdp_passes.pipeline.budget import MemoryBudget, memory_claim
+
+    gm = mlp[0]
+    dag = dag_from_fx(gm.graph)
+    plan = plan_per_block(dag)
+    claim = memory_claim(plan.buckets)
+    payload = sum(dag.nodes[c].comm_bytes for c in dag.collectives())
+    cm = CostModel.from_options(SLOW_LINK)
+
+    def scored(budget_bytes: int, reorder: bool) -> CandidateScore:
+        options = Options(bucketing="auto", reorder=reorder, cluster=SLOW_LINK)
+        return score_plan(dag, plan, options, cm, MemoryBudget(total=budget_bytes), CandidateScore(0, "per_block", plan))
+
+    no_room = scored(claim, reorder=True)
+    assert no_room.rejected is None
+    assert no_room.makespan_ms == pytest.approx(scored(claim, reorder=False).makespan_ms)
+    assert scored(claim + payload, reorder=True).makespan_ms < no_room.makespan_ms
