@@ -121,6 +121,14 @@ class ListScheduler:
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
+        # ``_check_holds`` repeats its last charge while nothing it reads has changed: no wait became overdue or
+        # was placed, and no node using a buffer held by an overdue wait ran (``holds_valid``).  Then every
+        # overdue wait's hold was charged up to ``holds_at`` (their ``hold_from``, written lazily) and together
+        # they hold ``holds_total`` bytes
+        self.holds_valid = False
+        self.holds_at = -1
+        self.holds_total = 0
+        self.holds_count = 0
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -212,9 +220,16 @@ class ListScheduler:
                 held = self.held_by_overdue
                 for r in self.memory.uses[i]:
                     held[r] -= 1
+                self.holds_valid = False
         else:
             self.clock.run_compute(i)
         self.memory.run(i)
+        if self.holds_valid:
+            held = self.held_by_overdue
+            for r in self.memory.uses[i]:
+                if held[r]:  # a buffer an overdue wait holds has one user less: what it holds may change
+                    self.holds_valid = False
+                    break
         self.scheduled[i] = 1
         self.order.append(i)
         if kind != WAIT:  # a wait released its consumers when it became pending
@@ -297,15 +312,38 @@ class ListScheduler:
                 self.is_overdue[w] = 1
                 for r in uses[w]:
                     held[r] += 1
+                self.holds_valid = False
         if not self.overdue:
             return
-        keep: list[int] = []
         tree = self.tree
         limit = self.limit
-        remaining = self.memory.remaining
-        buffer_bytes = self.memory.buffer_bytes
         hold_from = self.hold_from
         hold_hi = upto + 1
+        at = self.holds_at
+        if self.holds_valid:
+            # the waits and what they hold are those of the last call, which charged them all up to ``at``: this
+            # call would find the same bytes and charge them over at..upto as one range (all fit or none change)
+            if hold_hi <= at:
+                return
+            total = self.holds_total
+            if not total:
+                self.holds_at = hold_hi
+                return
+            if tree is not None and tree.max(at, hold_hi) + total <= limit:  # type: ignore[operator]
+                tree.add(at, hold_hi, total)
+                self.holds_at = hold_hi
+                return
+        if at >= 0:  # write back the lazily kept hold positions (of the waits overdue when they were charged)
+            overdue = self.overdue
+            for k in range(self.holds_count):
+                hold_from[overdue[k]] = at
+            self.holds_at = -1
+        self.holds_valid = True  # a placement or a change of what a wait holds during the loop clears it
+        every = True  # every kept wait was charged or found holding nothing in this call
+        total = 0
+        keep: list[int] = []
+        remaining = self.memory.remaining
+        buffer_bytes = self.memory.buffer_bytes
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         # Most holds extend over the same positions (those since the last check).  Charges to one range are
         # summed and added to the tree once: after adding ``acc`` to every position of a range, its max is the
@@ -318,6 +356,7 @@ class ListScheduler:
             hold_lo = hold_from[w] or w + 1
             if hold_lo >= hold_hi:
                 keep.append(w)
+                every = False
                 continue
             rs = uses[w]
             if len(rs) == 1:  # the usual case (a reduce-scatter's input): no list to build
@@ -343,6 +382,7 @@ class ListScheduler:
                     run_max = tree.max(hold_lo, hold_hi)
                 if run_max + acc + nbytes <= limit:  # type: ignore[operator]
                     acc += nbytes
+                    total += nbytes
                     hold_from[w] = hold_hi
                     charged.update(mine)
                     keep.append(w)
@@ -354,6 +394,12 @@ class ListScheduler:
         if acc:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
+        if self.holds_valid and every:
+            self.holds_at = hold_hi
+            self.holds_total = total
+            self.holds_count = len(keep)
+        else:
+            self.holds_valid = False
 
     def _issue_due(self, frontier: int) -> None:
         structure = self.structure
