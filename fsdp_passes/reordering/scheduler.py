@@ -148,7 +148,6 @@ class ListScheduler:
         self.parked: dict[int, tuple[int, bool, int]] = {}
         self.due_ptr = 0
         self.fence_ptr = 0
-        self.front_ptr = 0
 
     # -- readiness ------------------------------------------------------------------------------------------
     def _push_cand(self, c: int) -> None:
@@ -195,6 +194,9 @@ class ListScheduler:
             return
         structure = self.structure
         kind = structure.kind[i]
+        if kind == COMPUTE:
+            self._run_compute(i)
+            return
         if kind == COLLECTIVE:
             g = structure.group[i]
             if structure.seq_pos[i] != self.next_seq_pos[g]:
@@ -221,8 +223,6 @@ class ListScheduler:
                 for r in self.memory.uses[i]:
                     held[r] -= 1
                 self.holds_valid = False
-        else:
-            self.clock.run_compute(i)
         self.memory.run(i)
         if self.holds_valid:
             held = self.held_by_overdue
@@ -242,6 +242,67 @@ class ListScheduler:
             nxt = structure.next_in_group(i)
             if nxt >= 0 and self.unmet[nxt] == 0 and not self.scheduled[nxt]:
                 self._push_cand(nxt)
+
+    def _run_compute(self, i: int) -> None:
+        """``_place`` for a compute node (most nodes): the clock's and the memory tracker's steps written out,
+        and its successors that become available filed here when they are compute nodes too."""
+        clock = self.clock
+        if clock.slowdown > 0.0:
+            clock.run_compute(i)
+        else:  # ``StreamClock.run_compute`` without overlap costs
+            t = clock.now
+            clock.issue[i] = t
+            clock.start[i] = t
+            e = t + self.durations[i]
+            clock.busy += e - t
+            clock.end[i] = e
+            clock.now = e
+        # ``MemoryTracker.run``, and whether a buffer an overdue wait holds lost a user
+        memory = self.memory
+        live = memory.live + self.alloc[i]
+        during = live
+        remaining = memory.remaining
+        size = memory.buffer_bytes
+        valid = self.holds_valid
+        held = self.held_by_overdue
+        for r in memory.uses[i]:
+            k = remaining[r] - 1
+            remaining[r] = k
+            if k == 0:
+                live -= size[r]
+            if valid and held[r]:
+                valid = False
+        memory.live = live
+        if during > memory.peak:
+            memory.peak = during
+        self.holds_valid = valid
+        self.scheduled[i] = 1
+        self.order.append(i)
+        structure = self.structure
+        unmet = self.unmet
+        kind = structure.kind
+        for v in structure.succs[i]:
+            u = unmet[v] - 1
+            unmet[v] = u
+            if u:
+                continue
+            if kind[v] != COMPUTE:
+                self._available(v)
+                continue
+            # ``_available`` for a compute node
+            r = 0.0
+            pending = self.pending
+            end = clock.end
+            for p in structure.preds[v]:
+                if pending[p]:
+                    e = end[structure.coll_of[p]]
+                    if e > r:
+                        r = e
+            self.release[v] = r
+            if r <= clock.now:
+                heapq.heappush(self.clear, v)
+            else:
+                heapq.heappush(self.blocked, (r, v))
 
     def _place_deps(self, node: int, why: str) -> None:
         """Place the pending waits ``node`` still needs (and theirs), in id order; each gets the reason
@@ -468,21 +529,11 @@ class ListScheduler:
                 else:
                     self.why[w] = "when its collective finished: nothing consumes it"
 
-    def _choose(self, frontier: int) -> int:
-        blocked, clear, scheduled = self.blocked, self.clear, self.scheduled
+    def _pull(self, frontier: int) -> int:
+        """The frontier waits on a collective still in flight: fill the gap with ready work that ends before
+        the frontier could start anyway (so the frontier is never delayed), if memory allows."""
+        clear, scheduled = self.clear, self.scheduled
         now = self.clock.now
-        while blocked and blocked[0][0] <= now:
-            _, i = heapq.heappop(blocked)
-            if not scheduled[i]:
-                heapq.heappush(clear, i)
-        while clear and scheduled[clear[0]]:
-            heapq.heappop(clear)
-        if self.unmet[frontier] != 0:
-            raise InternalError(f"frontier node {self.structure.names[frontier]} has inputs that cannot be scheduled")
-        if not clear or clear[0] == frontier or self.tree is None:
-            return frontier
-        # the frontier waits on a collective still in flight: fill the gap with ready work that ends before
-        # the frontier could start anyway (so the frontier is never delayed), if memory allows
         structure = self.structure
         region_lo = structure.region_start[frontier]
         gap_end = self._release_time(frontier)
@@ -850,29 +901,60 @@ class ListScheduler:
         clock = self.clock
         finishing = self.finishing
         overdue_heap = self.overdue_heap
-        # the guards before each step part below are the parts' own first tests, taken here because most steps
-        # have nothing due, nothing finished and nothing overdue (a call per step and part adds up)
+        n_collectives = len(collectives)
+        blocked, clear = self.blocked, self.clear
+        unmet, pending = self.unmet, self.pending
+        preds, coll_of, end = structure.preds, structure.coll_of, clock.end
+        heappop, heappush = heapq.heappop, heapq.heappush
+        pulling = self.tree is not None
+        # the step parts' own first tests are taken here, and the common cases of choosing and of the chosen
+        # node's inputs written out, because most steps have nothing due, nothing finished, nothing overdue and
+        # nothing to pull (a call per step and part adds up)
+        front_ptr = 0
         while True:
-            while self.front_ptr < nc and scheduled[computes[self.front_ptr]]:
-                self.front_ptr += 1
-            if self.front_ptr == nc:
+            while front_ptr < nc and scheduled[computes[front_ptr]]:
+                front_ptr += 1
+            if front_ptr == nc:
                 break
-            frontier = computes[self.front_ptr]
-            if self.due_ptr < len(collectives) and collectives[self.due_ptr] < frontier:
+            frontier = computes[front_ptr]
+            if self.due_ptr < n_collectives and collectives[self.due_ptr] < frontier:
                 self._issue_due(frontier)
             if finishing and finishing[0][0] <= clock.now:
                 self._release_finished()
-            chosen = self._choose(frontier)
-            release = self._release_time(chosen)
+            # ``_choose``: the frontier unless there is ready work to pull ahead of it
+            now = clock.now
+            while blocked and blocked[0][0] <= now:
+                i = heappop(blocked)[1]
+                if not scheduled[i]:
+                    heappush(clear, i)
+            while clear and scheduled[clear[0]]:
+                heappop(clear)
+            if unmet[frontier] != 0:
+                raise InternalError(f"frontier node {structure.names[frontier]} has inputs that cannot be scheduled")
+            if not clear or clear[0] == frontier or not pulling:
+                chosen = frontier
+            else:
+                chosen = self._pull(frontier)
+            # ``_release_time``, noting whether any input is still to place (inputs placed stay placed)
+            release = 0.0
+            unplaced = False
+            for p in preds[chosen]:
+                if pending[p]:
+                    e = end[coll_of[p]]
+                    if e > release:
+                        release = e
+                if not scheduled[p]:
+                    unplaced = True
             if release > clock.now:
                 self._release_finished(horizon=release)
             if chosen == frontier and (self.overdue or (overdue_heap and overdue_heap[0] < frontier)):
                 self._check_holds(frontier)
-            self._place_deps(chosen, "before its first consumer")
+            if unplaced:
+                self._place_deps(chosen, "before its first consumer")
             self._prefetch(frontier, chosen)
             if scheduled[chosen]:
                 raise InternalError(f"{structure.names[chosen]} was scheduled twice")
-            self._place(chosen)
+            self._run_compute(chosen)
         self._finish()
         if len(self.order) != n:
             raise InternalError(f"scheduled {len(self.order)} of {n} nodes")
