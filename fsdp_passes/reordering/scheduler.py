@@ -117,14 +117,14 @@ class ListScheduler:
         self.slow: list[tuple[float, int]] = []  # finished pending waits that take compute time
         self.filling = False
         self.overdue_heap: list[int] = []  # pending waits by id
-        self.overdue: list[int] = []  # pending waits past their original position
+        self.overdue: list[int] = []  # pending waits past their original position (and some placed since)
+        self.n_overdue = 0  # how many of them are not placed
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
-        # ``_check_holds`` repeats its last charge while nothing it reads has changed: no wait became overdue or
-        # was placed, and no node using a buffer held by an overdue wait ran (``holds_valid``).  Then every
-        # overdue wait's hold was charged up to ``holds_at`` (their ``hold_from``, written lazily) and together
-        # they hold ``holds_total`` bytes
+        # ``_check_holds``' group: the first ``holds_count`` overdue waits, charged up to ``holds_at`` (their
+        # ``hold_from``, written lazily), holding ``holds_total`` bytes together; valid (``holds_valid``) while no
+        # user of a buffer they hold but themselves has run and no wait sharing a buffer with them became overdue
         self.holds_valid = False
         self.holds_at = -1
         self.holds_total = 0
@@ -219,10 +219,23 @@ class ListScheduler:
             self.in_flight.retire(c)
             self.pending[i] = 0
             if self.is_overdue[i]:
+                self.n_overdue -= 1
                 held = self.held_by_overdue
-                for r in self.memory.uses[i]:
+                rs = self.memory.uses[i]
+                if self.holds_valid:
+                    # a wait of the group that shares no buffer with another overdue wait leaves the group with
+                    # what it held less its own part (the buffers it charged: no other user remains)
+                    remaining = self.memory.remaining
+                    buffer_bytes = self.memory.buffer_bytes
+                    mine = 0
+                    for r in rs:
+                        if held[r] != 1:
+                            self.holds_valid = False
+                        elif remaining[r] == 1:
+                            mine += buffer_bytes[r]
+                    self.holds_total -= mine
+                for r in rs:
                     held[r] -= 1
-                self.holds_valid = False
         self.memory.run(i)
         if self.holds_valid:
             held = self.held_by_overdue
@@ -361,48 +374,63 @@ class ListScheduler:
     def _check_holds(self, upto: int) -> None:
         """Pending waits whose original position is before ``upto`` (overdue) keep buffers alive that the
         original order had freed by then: the buffers whose remaining users are all overdue waits.  Charge
-        that memory up to ``upto``, or place the wait now if the limit says no."""
+        that memory up to ``upto``, or place the wait now if the limit says no.
+
+        The waits charged by earlier calls (the *group*: ``holds_count`` first entries of ``overdue``, charged
+        up to ``holds_at``, ``holds_total`` bytes in all) are charged again as one range while what they hold
+        has not changed (``holds_valid``); only the waits that became overdue since are looked at one by one."""
         overdue_heap = self.overdue_heap
         scheduled = self.scheduled
         uses = self.memory.uses
         held = self.held_by_overdue
+        overdue = self.overdue
         while overdue_heap and overdue_heap[0] < upto:
             w = heapq.heappop(overdue_heap)
             if not scheduled[w]:
-                self.overdue.append(w)
+                overdue.append(w)
+                self.n_overdue += 1
                 self.is_overdue[w] = 1
                 for r in uses[w]:
+                    if held[r]:  # shared with a wait already overdue: what that one holds may change
+                        self.holds_valid = False
                     held[r] += 1
-                self.holds_valid = False
-        if not self.overdue:
+        if not self.n_overdue:
+            if overdue:  # all placed: they hold nothing any more
+                self.overdue = []
+                self.holds_valid = True
+                self.holds_at = -1
+                self.holds_total = self.holds_count = 0
             return
         tree = self.tree
         limit = self.limit
         hold_from = self.hold_from
         hold_hi = upto + 1
         at = self.holds_at
+        start = 0  # the waits before this one are the group, charged up to ``hold_hi`` already
         if self.holds_valid:
-            # the waits and what they hold are those of the last call, which charged them all up to ``at``: this
-            # call would find the same bytes and charge them over at..upto as one range (all fit or none change)
+            group = self.holds_count
             if hold_hi <= at:
-                return
-            total = self.holds_total
-            if not total:
-                self.holds_at = hold_hi
-                return
-            if tree is not None and tree.max(at, hold_hi) + total <= limit:  # type: ignore[operator]
-                tree.add(at, hold_hi, total)
-                self.holds_at = hold_hi
-                return
-        if at >= 0:  # write back the lazily kept hold positions (of the waits overdue when they were charged)
-            overdue = self.overdue
+                if group == len(overdue):
+                    return  # nothing to charge: every hold reaches ``upto`` already
+            else:
+                # the group holds what it held when last charged, and would be charged over at..upto as one
+                # range, all fitting or none changed
+                total = self.holds_total
+                if not total or (tree is not None and tree.add_within(at, hold_hi, total, limit) + total <= limit):  # type: ignore[operator]
+                    self.holds_at = hold_hi
+                    if group == len(overdue):
+                        return
+                    start = group
+        if not start and at >= 0:  # write back the group's lazily kept hold positions
             for k in range(self.holds_count):
                 hold_from[overdue[k]] = at
             self.holds_at = -1
-        self.holds_valid = True  # a placement or a change of what a wait holds during the loop clears it
-        every = True  # every kept wait was charged or found holding nothing in this call
+        self.holds_valid = False  # while waits are looked at one by one (and placed)
+        every = True  # every kept wait was charged or found holding nothing here: the next group
+        placed = False
         total = 0
-        keep: list[int] = []
+        keep = [w for w in overdue[:start] if not scheduled[w]] if start else []
+        group = len(keep)
         remaining = self.memory.remaining
         buffer_bytes = self.memory.buffer_bytes
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
@@ -411,7 +439,8 @@ class ListScheduler:
         # max read before plus ``acc``, so each wait is checked exactly as if charged one by one.
         run_lo = run_hi = -1
         run_max = acc = 0
-        for w in self.overdue:
+        for k in range(start, len(overdue)):
+            w = overdue[k]
             if scheduled[w]:
                 continue
             hold_lo = hold_from[w] or w + 1
@@ -448,6 +477,7 @@ class ListScheduler:
                     charged.update(mine)
                     keep.append(w)
                     continue
+            placed = True
             self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
@@ -455,12 +485,15 @@ class ListScheduler:
         if acc:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
-        if self.holds_valid and every:
+        if every and not placed:
+            self.holds_valid = True
             self.holds_at = hold_hi
-            self.holds_total = total
+            self.holds_total = (self.holds_total if start else 0) + total
             self.holds_count = len(keep)
-        else:
-            self.holds_valid = False
+        elif start:  # the group was charged up to ``hold_hi`` above: write its positions back
+            for k in range(group):
+                hold_from[keep[k]] = hold_hi
+            self.holds_at = -1
 
     def _issue_due(self, frontier: int) -> None:
         structure = self.structure
@@ -947,7 +980,7 @@ class ListScheduler:
                     unplaced = True
             if release > clock.now:
                 self._release_finished(horizon=release)
-            if chosen == frontier and (self.overdue or (overdue_heap and overdue_heap[0] < frontier)):
+            if chosen == frontier and (self.n_overdue or (overdue_heap and overdue_heap[0] < frontier)):
                 self._check_holds(frontier)
             if unplaced:
                 self._place_deps(chosen, "before its first consumer")
