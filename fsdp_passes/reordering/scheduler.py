@@ -147,7 +147,6 @@ class ListScheduler:
         # the chosen node?, or with node -1: until so many nodes are scheduled)
         self.parked: dict[int, tuple[int, bool, int]] = {}
         self.due_ptr = 0
-        self.fence_ptr = 0
 
     # -- readiness ------------------------------------------------------------------------------------------
     def _push_cand(self, c: int) -> None:
@@ -624,21 +623,6 @@ class ListScheduler:
                 best, best_end = structure.coll_of[p], self.clock.end[structure.coll_of[p]]
         return structure.names[best] if best >= 0 else "a collective"
 
-    def _prefetch(self, frontier: int, chosen: int) -> None:
-        if self.tree is None:
-            return
-        structure = self.structure
-        scheduled = self.scheduled
-        fences = structure.fences
-        while self.fence_ptr < len(fences) and scheduled[fences[self.fence_ptr]]:
-            self.fence_ptr += 1
-        fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else structure.n
-        while True:
-            if self.candidates:  # on about half the steps there is none
-                self._issue_ready(frontier, chosen, fence)
-            if not self._hoist_one(frontier, chosen, fence):
-                break
-
     def _issue_ready(self, frontier: int, chosen: int, fence: int) -> None:
         """Issue the candidates (next in their group, inputs ready) that the gates let through."""
         structure = self.structure
@@ -939,7 +923,11 @@ class ListScheduler:
         unmet, pending = self.unmet, self.pending
         preds, coll_of, end = structure.preds, structure.coll_of, clock.end
         heappop, heappush = heapq.heappop, heapq.heappush
-        pulling = self.tree is not None
+        pulling = self.tree is not None  # the conservative pass (no tree) neither pulls nor prefetches
+        candidates = self.candidates
+        fences = structure.fences
+        n_fences = len(fences)
+        fence_ptr = 0
         # the step parts' own first tests are taken here, and the common cases of choosing and of the chosen
         # node's inputs written out, because most steps have nothing due, nothing finished, nothing overdue and
         # nothing to pull (a call per step and part adds up)
@@ -984,7 +972,15 @@ class ListScheduler:
                 self._check_holds(frontier)
             if unplaced:
                 self._place_deps(chosen, "before its first consumer")
-            self._prefetch(frontier, chosen)
+            if pulling:  # prefetch: issue ready collectives and hoist feeders, up to the first fence not issued
+                while fence_ptr < n_fences and scheduled[fences[fence_ptr]]:
+                    fence_ptr += 1
+                fence = fences[fence_ptr] if fence_ptr < n_fences else n
+                while True:
+                    if candidates:  # on about half the steps there is none
+                        self._issue_ready(frontier, chosen, fence)
+                    if not self._hoist_one(frontier, chosen, fence):
+                        break
             if scheduled[chosen]:
                 raise InternalError(f"{structure.names[chosen]} was scheduled twice")
             self._run_compute(chosen)
