@@ -297,7 +297,7 @@ def _stats(dag: Dag, order: list[int], dur: list[float], s: Structure, peak: int
     """``evaluate`` for an order that is known to be valid, with the peak already computed (the verification
     replays the order on the simulator's engine; it needs neither the order checks again nor the timeline's
     other figures)."""
-    exposed, makespan = exposed_and_makespan(dag, order, dur, s.coll_of, overlap)
+    exposed, makespan = exposed_and_makespan(dag, order, dur, s.coll_of, overlap, s.group)
     return OrderStats(float(exposed), float(makespan), int(peak))
 
 

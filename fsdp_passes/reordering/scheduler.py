@@ -117,10 +117,18 @@ class ListScheduler:
         self.slow: list[tuple[float, int]] = []  # finished pending waits that take compute time
         self.filling = False
         self.overdue_heap: list[int] = []  # pending waits by id
-        self.overdue: list[int] = []  # pending waits past their original position
+        self.overdue: list[int] = []  # pending waits past their original position (and some placed since)
+        self.n_overdue = 0  # how many of them are not placed
         self.hold_from = [0] * n  # per wait: first position its hold is not yet charged on (0: its own + 1)
         self.is_overdue = bytearray(n)
         self.held_by_overdue = [0] * memory_model.n_buffers  # per buffer: how many of its remaining users are overdue waits
+        # ``_check_holds``' group: the first ``holds_count`` overdue waits, charged up to ``holds_at`` (their
+        # ``hold_from``, written lazily), holding ``holds_total`` bytes together; valid (``holds_valid``) while no
+        # user of a buffer they hold but themselves has run and no wait sharing a buffer with them became overdue
+        self.holds_valid = False
+        self.holds_at = -1
+        self.holds_total = 0
+        self.holds_count = 0
         # collectives next in their group with inputs ready: (FSDP-like?, id), so that collectives that are
         # not FSDP-like are issued first and get the memory headroom first
         self.candidates: list[tuple[int, int]] = []
@@ -139,8 +147,6 @@ class ListScheduler:
         # the chosen node?, or with node -1: until so many nodes are scheduled)
         self.parked: dict[int, tuple[int, bool, int]] = {}
         self.due_ptr = 0
-        self.fence_ptr = 0
-        self.front_ptr = 0
 
     # -- readiness ------------------------------------------------------------------------------------------
     def _push_cand(self, c: int) -> None:
@@ -187,6 +193,9 @@ class ListScheduler:
             return
         structure = self.structure
         kind = structure.kind[i]
+        if kind == COMPUTE:
+            self._run_compute(i)
+            return
         if kind == COLLECTIVE:
             g = structure.group[i]
             if structure.seq_pos[i] != self.next_seq_pos[g]:
@@ -209,12 +218,30 @@ class ListScheduler:
             self.in_flight.retire(c)
             self.pending[i] = 0
             if self.is_overdue[i]:
+                self.n_overdue -= 1
                 held = self.held_by_overdue
-                for r in self.memory.uses[i]:
+                rs = self.memory.uses[i]
+                if self.holds_valid:
+                    # a wait of the group that shares no buffer with another overdue wait leaves the group with
+                    # what it held less its own part (the buffers it charged: no other user remains)
+                    remaining = self.memory.remaining
+                    buffer_bytes = self.memory.buffer_bytes
+                    mine = 0
+                    for r in rs:
+                        if held[r] != 1:
+                            self.holds_valid = False
+                        elif remaining[r] == 1:
+                            mine += buffer_bytes[r]
+                    self.holds_total -= mine
+                for r in rs:
                     held[r] -= 1
-        else:
-            self.clock.run_compute(i)
         self.memory.run(i)
+        if self.holds_valid:
+            held = self.held_by_overdue
+            for r in self.memory.uses[i]:
+                if held[r]:  # a buffer an overdue wait holds has one user less: what it holds may change
+                    self.holds_valid = False
+                    break
         self.scheduled[i] = 1
         self.order.append(i)
         if kind != WAIT:  # a wait released its consumers when it became pending
@@ -227,6 +254,67 @@ class ListScheduler:
             nxt = structure.next_in_group(i)
             if nxt >= 0 and self.unmet[nxt] == 0 and not self.scheduled[nxt]:
                 self._push_cand(nxt)
+
+    def _run_compute(self, i: int) -> None:
+        """``_place`` for a compute node (most nodes): the clock's and the memory tracker's steps written out,
+        and its successors that become available filed here when they are compute nodes too."""
+        clock = self.clock
+        if clock.slowdown > 0.0:
+            clock.run_compute(i)
+        else:  # ``StreamClock.run_compute`` without overlap costs
+            t = clock.now
+            clock.issue[i] = t
+            clock.start[i] = t
+            e = t + self.durations[i]
+            clock.busy += e - t
+            clock.end[i] = e
+            clock.now = e
+        # ``MemoryTracker.run``, and whether a buffer an overdue wait holds lost a user
+        memory = self.memory
+        live = memory.live + self.alloc[i]
+        during = live
+        remaining = memory.remaining
+        size = memory.buffer_bytes
+        valid = self.holds_valid
+        held = self.held_by_overdue
+        for r in memory.uses[i]:
+            k = remaining[r] - 1
+            remaining[r] = k
+            if k == 0:
+                live -= size[r]
+            if valid and held[r]:
+                valid = False
+        memory.live = live
+        if during > memory.peak:
+            memory.peak = during
+        self.holds_valid = valid
+        self.scheduled[i] = 1
+        self.order.append(i)
+        structure = self.structure
+        unmet = self.unmet
+        kind = structure.kind
+        for v in structure.succs[i]:
+            u = unmet[v] - 1
+            unmet[v] = u
+            if u:
+                continue
+            if kind[v] != COMPUTE:
+                self._available(v)
+                continue
+            # ``_available`` for a compute node
+            r = 0.0
+            pending = self.pending
+            end = clock.end
+            for p in structure.preds[v]:
+                if pending[p]:
+                    e = end[structure.coll_of[p]]
+                    if e > r:
+                        r = e
+            self.release[v] = r
+            if r <= clock.now:
+                heapq.heappush(self.clear, v)
+            else:
+                heapq.heappush(self.blocked, (r, v))
 
     def _place_deps(self, node: int, why: str) -> None:
         """Place the pending waits ``node`` still needs (and theirs), in id order; each gets the reason
@@ -285,39 +373,79 @@ class ListScheduler:
     def _check_holds(self, upto: int) -> None:
         """Pending waits whose original position is before ``upto`` (overdue) keep buffers alive that the
         original order had freed by then: the buffers whose remaining users are all overdue waits.  Charge
-        that memory up to ``upto``, or place the wait now if the limit says no."""
+        that memory up to ``upto``, or place the wait now if the limit says no.
+
+        The waits charged by earlier calls (the *group*: ``holds_count`` first entries of ``overdue``, charged
+        up to ``holds_at``, ``holds_total`` bytes in all) are charged again as one range while what they hold
+        has not changed (``holds_valid``); only the waits that became overdue since are looked at one by one."""
         overdue_heap = self.overdue_heap
         scheduled = self.scheduled
         uses = self.memory.uses
         held = self.held_by_overdue
+        overdue = self.overdue
         while overdue_heap and overdue_heap[0] < upto:
             w = heapq.heappop(overdue_heap)
             if not scheduled[w]:
-                self.overdue.append(w)
+                overdue.append(w)
+                self.n_overdue += 1
                 self.is_overdue[w] = 1
                 for r in uses[w]:
+                    if held[r]:  # shared with a wait already overdue: what that one holds may change
+                        self.holds_valid = False
                     held[r] += 1
-        if not self.overdue:
+        if not self.n_overdue:
+            if overdue:  # all placed: they hold nothing any more
+                self.overdue = []
+                self.holds_valid = True
+                self.holds_at = -1
+                self.holds_total = self.holds_count = 0
             return
-        keep: list[int] = []
         tree = self.tree
         limit = self.limit
-        remaining = self.memory.remaining
-        buffer_bytes = self.memory.buffer_bytes
         hold_from = self.hold_from
         hold_hi = upto + 1
+        at = self.holds_at
+        start = 0  # the waits before this one are the group, charged up to ``hold_hi`` already
+        if self.holds_valid:
+            group = self.holds_count
+            if hold_hi <= at:
+                if group == len(overdue):
+                    return  # nothing to charge: every hold reaches ``upto`` already
+            else:
+                # the group holds what it held when last charged, and would be charged over at..upto as one
+                # range, all fitting or none changed
+                total = self.holds_total
+                if not total or (tree is not None and tree.add_within(at, hold_hi, total, limit) + total <= limit):  # type: ignore[operator]
+                    self.holds_at = hold_hi
+                    if group == len(overdue):
+                        return
+                    start = group
+        if not start and at >= 0:  # write back the group's lazily kept hold positions
+            for k in range(self.holds_count):
+                hold_from[overdue[k]] = at
+            self.holds_at = -1
+        self.holds_valid = False  # while waits are looked at one by one (and placed)
+        every = True  # every kept wait was charged or found holding nothing here: the next group
+        placed = False
+        total = 0
+        keep = [w for w in overdue[:start] if not scheduled[w]] if start else []
+        group = len(keep)
+        remaining = self.memory.remaining
+        buffer_bytes = self.memory.buffer_bytes
         charged: set[int] = set()  # buffers already charged in this call (held by several waits)
         # Most holds extend over the same positions (those since the last check).  Charges to one range are
         # summed and added to the tree once: after adding ``acc`` to every position of a range, its max is the
         # max read before plus ``acc``, so each wait is checked exactly as if charged one by one.
         run_lo = run_hi = -1
         run_max = acc = 0
-        for w in self.overdue:
+        for k in range(start, len(overdue)):
+            w = overdue[k]
             if scheduled[w]:
                 continue
             hold_lo = hold_from[w] or w + 1
             if hold_lo >= hold_hi:
                 keep.append(w)
+                every = False
                 continue
             rs = uses[w]
             if len(rs) == 1:  # the usual case (a reduce-scatter's input): no list to build
@@ -343,10 +471,12 @@ class ListScheduler:
                     run_max = tree.max(hold_lo, hold_hi)
                 if run_max + acc + nbytes <= limit:  # type: ignore[operator]
                     acc += nbytes
+                    total += nbytes
                     hold_from[w] = hold_hi
                     charged.update(mine)
                     keep.append(w)
                     continue
+            placed = True
             self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
@@ -354,6 +484,15 @@ class ListScheduler:
         if acc:
             tree.add(run_lo, run_hi, acc)  # type: ignore[union-attr]
         self.overdue = keep
+        if every and not placed:
+            self.holds_valid = True
+            self.holds_at = hold_hi
+            self.holds_total = (self.holds_total if start else 0) + total
+            self.holds_count = len(keep)
+        elif start:  # the group was charged up to ``hold_hi`` above: write its positions back
+            for k in range(group):
+                hold_from[keep[k]] = hold_hi
+            self.holds_at = -1
 
     def _issue_due(self, frontier: int) -> None:
         structure = self.structure
@@ -422,21 +561,11 @@ class ListScheduler:
                 else:
                     self.why[w] = "when its collective finished: nothing consumes it"
 
-    def _choose(self, frontier: int) -> int:
-        blocked, clear, scheduled = self.blocked, self.clear, self.scheduled
+    def _pull(self, frontier: int) -> int:
+        """The frontier waits on a collective still in flight: fill the gap with ready work that ends before
+        the frontier could start anyway (so the frontier is never delayed), if memory allows."""
+        clear, scheduled = self.clear, self.scheduled
         now = self.clock.now
-        while blocked and blocked[0][0] <= now:
-            _, i = heapq.heappop(blocked)
-            if not scheduled[i]:
-                heapq.heappush(clear, i)
-        while clear and scheduled[clear[0]]:
-            heapq.heappop(clear)
-        if self.unmet[frontier] != 0:
-            raise InternalError(f"frontier node {self.structure.names[frontier]} has inputs that cannot be scheduled")
-        if not clear or clear[0] == frontier or self.tree is None:
-            return frontier
-        # the frontier waits on a collective still in flight: fill the gap with ready work that ends before
-        # the frontier could start anyway (so the frontier is never delayed), if memory allows
         structure = self.structure
         region_lo = structure.region_start[frontier]
         gap_end = self._release_time(frontier)
@@ -493,21 +622,6 @@ class ListScheduler:
             if self.pending[p] and self.clock.end[structure.coll_of[p]] > best_end:
                 best, best_end = structure.coll_of[p], self.clock.end[structure.coll_of[p]]
         return structure.names[best] if best >= 0 else "a collective"
-
-    def _prefetch(self, frontier: int, chosen: int) -> None:
-        if self.tree is None:
-            return
-        structure = self.structure
-        scheduled = self.scheduled
-        fences = structure.fences
-        while self.fence_ptr < len(fences) and scheduled[fences[self.fence_ptr]]:
-            self.fence_ptr += 1
-        fence = fences[self.fence_ptr] if self.fence_ptr < len(fences) else structure.n
-        while True:
-            if self.candidates:  # on about half the steps there is none
-                self._issue_ready(frontier, chosen, fence)
-            if not self._hoist_one(frontier, chosen, fence):
-                break
 
     def _issue_ready(self, frontier: int, chosen: int, fence: int) -> None:
         """Issue the candidates (next in their group, inputs ready) that the gates let through."""
@@ -804,29 +918,72 @@ class ListScheduler:
         clock = self.clock
         finishing = self.finishing
         overdue_heap = self.overdue_heap
-        # the guards before each step part below are the parts' own first tests, taken here because most steps
-        # have nothing due, nothing finished and nothing overdue (a call per step and part adds up)
+        n_collectives = len(collectives)
+        blocked, clear = self.blocked, self.clear
+        unmet, pending = self.unmet, self.pending
+        preds, coll_of, end = structure.preds, structure.coll_of, clock.end
+        heappop, heappush = heapq.heappop, heapq.heappush
+        pulling = self.tree is not None  # the conservative pass (no tree) neither pulls nor prefetches
+        candidates = self.candidates
+        fences = structure.fences
+        n_fences = len(fences)
+        fence_ptr = 0
+        # the step parts' own first tests are taken here, and the common cases of choosing and of the chosen
+        # node's inputs written out, because most steps have nothing due, nothing finished, nothing overdue and
+        # nothing to pull (a call per step and part adds up)
+        front_ptr = 0
         while True:
-            while self.front_ptr < nc and scheduled[computes[self.front_ptr]]:
-                self.front_ptr += 1
-            if self.front_ptr == nc:
+            while front_ptr < nc and scheduled[computes[front_ptr]]:
+                front_ptr += 1
+            if front_ptr == nc:
                 break
-            frontier = computes[self.front_ptr]
-            if self.due_ptr < len(collectives) and collectives[self.due_ptr] < frontier:
+            frontier = computes[front_ptr]
+            if self.due_ptr < n_collectives and collectives[self.due_ptr] < frontier:
                 self._issue_due(frontier)
             if finishing and finishing[0][0] <= clock.now:
                 self._release_finished()
-            chosen = self._choose(frontier)
-            release = self._release_time(chosen)
+            # ``_choose``: the frontier unless there is ready work to pull ahead of it
+            now = clock.now
+            while blocked and blocked[0][0] <= now:
+                i = heappop(blocked)[1]
+                if not scheduled[i]:
+                    heappush(clear, i)
+            while clear and scheduled[clear[0]]:
+                heappop(clear)
+            if unmet[frontier] != 0:
+                raise InternalError(f"frontier node {structure.names[frontier]} has inputs that cannot be scheduled")
+            if not clear or clear[0] == frontier or not pulling:
+                chosen = frontier
+            else:
+                chosen = self._pull(frontier)
+            # ``_release_time``, noting whether any input is still to place (inputs placed stay placed)
+            release = 0.0
+            unplaced = False
+            for p in preds[chosen]:
+                if pending[p]:
+                    e = end[coll_of[p]]
+                    if e > release:
+                        release = e
+                if not scheduled[p]:
+                    unplaced = True
             if release > clock.now:
                 self._release_finished(horizon=release)
-            if chosen == frontier and (self.overdue or (overdue_heap and overdue_heap[0] < frontier)):
+            if chosen == frontier and (self.n_overdue or (overdue_heap and overdue_heap[0] < frontier)):
                 self._check_holds(frontier)
-            self._place_deps(chosen, "before its first consumer")
-            self._prefetch(frontier, chosen)
+            if unplaced:
+                self._place_deps(chosen, "before its first consumer")
+            if pulling:  # prefetch: issue ready collectives and hoist feeders, up to the first fence not issued
+                while fence_ptr < n_fences and scheduled[fences[fence_ptr]]:
+                    fence_ptr += 1
+                fence = fences[fence_ptr] if fence_ptr < n_fences else n
+                while True:
+                    if candidates:  # on about half the steps there is none
+                        self._issue_ready(frontier, chosen, fence)
+                    if not self._hoist_one(frontier, chosen, fence):
+                        break
             if scheduled[chosen]:
                 raise InternalError(f"{structure.names[chosen]} was scheduled twice")
-            self._place(chosen)
+            self._run_compute(chosen)
         self._finish()
         if len(self.order) != n:
             raise InternalError(f"scheduled {len(self.order)} of {n} nodes")

@@ -6,6 +6,8 @@ scheduling loop never walks dicts or sets of names.
 
 from __future__ import annotations
 
+import operator
+from itertools import accumulate, chain
 from typing import Sequence
 
 from ..dag.graph import CollectiveOp, Dag, NodeKind
@@ -110,17 +112,11 @@ class Structure:
         self.non_fsdp_collectives = [i for i in self.collectives if not self.fsdp[i]]
 
         region_start = [0] * n
-        compute_before = [0] * n
-        prev = -1
-        count = 0
-        for i in range(n):
-            compute_before[i] = count
-            if kind[i] == COMPUTE:
-                region_start[i] = prev + 1
-                prev = i
-                count += 1
+        for f, prev in zip(self.computes, chain((-1,), self.computes)):
+            region_start[f] = prev + 1
         self.region_start = region_start
-        self.compute_before = compute_before
+        # a running count of the compute nodes (kind 0) before each position, at C speed
+        self.compute_before = list(accumulate(map(operator.not_, kind[:-1]), initial=0)) if n else []
 
     def next_in_group(self, c: int) -> int:
         """The collective issued after ``c`` in its group, or -1."""

@@ -22,7 +22,7 @@ order with them, the reordering policy advances them node by node while it build
 from __future__ import annotations
 
 from collections import Counter
-from itertools import accumulate, chain
+from itertools import accumulate, chain, repeat
 from operator import sub
 from typing import Iterable, Iterator, Sequence
 
@@ -73,10 +73,13 @@ class MemoryModel:
         pinned_parts: list[int] = []
         # per node, its output buffers and their readers (None: no node writes several buffers, the usual case)
         readers_of = buffer_readers(dag) if any(node.output_buffers for node in nodes) else None
-        for i, node in enumerate(nodes):
+        if readers_of is None:  # one buffer per node: its size, in one comprehension
+            size = [0 if node.alias_of is not None or node.op in _INPUT_OPS else int(node.out_bytes) for node in nodes]
+            alloc = list(size)
+        for i, node in enumerate(nodes if readers_of is not None else ()):
             if node.alias_of is not None or node.op in _INPUT_OPS:
                 continue
-            bufs = readers_of[i] if readers_of is not None else None
+            bufs = readers_of[i]  # type: ignore[index]
             if not bufs:
                 size[i] = alloc[i] = int(node.out_bytes)
                 continue
@@ -104,8 +107,8 @@ class MemoryModel:
             """What a node using node ``r``'s output as a whole (its own, through a view or wait) keeps alive."""
             return parts.get(r) or [r]
 
-        for i, node in enumerate(nodes):
-            if node.is_output and not (root[i] == i and i in parts):  # a part says itself whether it is returned
+        for i in [i for i, node in enumerate(nodes) if node.is_output]:
+            if not (root[i] == i and i in parts):  # a part says itself whether it is returned
                 for b in buffers_of(root[i]):
                     pinned[b] = 1
         # per node, the buffers it uses: its own (or those of the node it aliases) and those it reads
@@ -147,7 +150,7 @@ class MemoryModel:
         else:
             uses = self._single_buffer_uses(nodes, preds, root, waits_of, size, pinned)
         counts = Counter(chain.from_iterable(uses))
-        users = [counts[b] for b in range(nb)] if counts else [0] * nb
+        users = list(map(counts.get, range(nb), repeat(0))) if counts else [0] * nb  # ``get``: no ``__missing__`` call
         self.n = n
         self.n_buffers = nb
         self.root = root

@@ -15,7 +15,7 @@ from fsdp_passes.reordering.headroom import EMPTY_MAX, RangeMaxTree
 from fsdp_passes.simulate.memory import MemoryModel
 from fsdp_passes.reordering import plan as plan_module
 from fsdp_passes.reordering.scheduler import ScheduleOutcome
-from fsdp_passes.simulate import memory_curve, simulate
+from fsdp_passes.simulate import exposed_and_makespan, memory_curve, simulate
 
 from fsdp_passes.testing import DagBuilder
 
@@ -550,6 +550,8 @@ def test_trackers_agree_with_the_simulator(case, seed):
     assert mm.curve(order) == memory_curve(dag, order)
     mine = evaluate(dag, order, b.durations)
     tl = simulate(dag, order, b.durations)
+    # the verification replay's loop without a clock, to the last digit
+    assert exposed_and_makespan(dag, order, b.durations, s.coll_of, None, s.group) == (tl.exposed_total, tl.makespan)
     assert mine.exposed_ms == pytest.approx(tl.exposed_total)
     assert mine.makespan_ms == pytest.approx(tl.makespan)
     assert mine.peak_bytes == tl.peak_memory
