@@ -273,7 +273,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             node.flops = _flops(snode)
             node.kernel_key = _kernel_key(snode)
             try:
-                total = int(snode.get_read_write_buffers_sizes())
+                total = _accessed_bytes(snode)
             except Exception:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
@@ -373,6 +373,70 @@ def _dep_bytes(dep: Any) -> int:
         return int(V.graph.get_dep_size_hint(dep))
     except Exception:  # an unhinted size: the input's memory is unknown
         return 0
+
+
+def _covered_elements(snode: Any) -> dict[str, int | None]:
+    """Per buffer, how many of its elements the node's accesses cover (None: all of it).
+
+    A loop kernel's access covers the loop variables its index uses (``MemoryDep.get_numel``); an extern
+    kernel's, the size of each input as passed (a view of a bucket is its slice, not the bucket)."""
+    from torch._inductor import dependencies, ir
+
+    covered: dict[str, int | None] = {}
+
+    def add(name: str, elements: int | None) -> None:
+        if name in covered and (covered[name] is None or elements is None):
+            covered[name] = None
+        else:
+            covered[name] = covered.get(name, 0) + elements if elements is not None else None
+
+    for part in getattr(snode, "snodes", None) or [snode]:
+        ir_node = getattr(part, "node", None)
+        if isinstance(ir_node, ir.ExternKernel):
+            inputs = [x for i in ir_node.inputs for x in (i if isinstance(i, (list, tuple)) else [i])]
+            for x in inputs:
+                if hasattr(x, "get_name") and hasattr(x, "get_size"):
+                    elements = 1
+                    for s in x.get_size():
+                        elements *= _size_hint(s)
+                    add(x.get_name(), elements)
+            for dep in part.read_writes.writes:
+                add(dep.name, None)
+            continue
+        for dep in (*part.read_writes.reads, *part.read_writes.writes):
+            if isinstance(dep, dependencies.MemoryDep) and not dep.is_indirect():
+                add(dep.name, _size_hint(dep.get_numel()))
+            elif not getattr(dep, "is_fake", False):
+                add(dep.name, None)
+    return covered
+
+
+def _accessed_bytes(snode: Any) -> int:
+    """Bytes a kernel reads and writes: Inductor's count per buffer, capped at what the accesses cover.
+
+    Inductor charges each access the whole loop's size (an extern or fused kernel's: any size), at most the
+    buffer: a norm or matmul reading its weight's slice of a merged bucket is charged the whole bucket, which
+    an unmerged compile does not pay."""
+    from torch._inductor import ir
+    from torch._inductor.utils import get_dtype_size
+    from torch._inductor.virtualized import V
+
+    per_buffer = snode.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
+    covered = _covered_elements(snode)
+    total = 0
+    for name, nbytes in per_buffer.items():
+        elements = covered.get(name)
+        buf = V.graph.name_to_buffer.get(name) or V.graph.graph_inputs.get(name)
+        try:
+            # a buffer with no layout of its own (a wait's result) is the buffer it mutates
+            mutated = buf.get_mutation_names() if isinstance(getattr(buf, "layout", None), ir.NoneLayout) else ()
+            dtype = (V.graph.get_buffer(mutated[0]) if mutated else buf).get_dtype()
+        except Exception:  # not a tensor buffer (a TorchBind object): Inductor's count stands
+            dtype = None
+        if elements is not None and isinstance(dtype, torch.dtype):
+            nbytes = min(nbytes, elements * get_dtype_size(dtype))
+        total += nbytes
+    return int(total)
 
 
 def _graph_output_names() -> set[str]:
