@@ -80,6 +80,9 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
             nodes = _users_before(reductions, gather.origin, position)
             if nodes is None:
                 continue
+            # the nodes from the first moved one to the gather keep their positions as a set: renumber that span
+            low, high = position[nodes[0]], position[gather.origin]
+            before_span = nodes[0].prev
             anchor: fx.Node = gather.origin
             for node in nodes:
                 anchor.append(node)
@@ -87,7 +90,10 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
             moved += 1
             if moved_bytes is not None:
                 moved_bytes.append(payload)
-            position = {n: i for i, n in enumerate(graph.nodes)}
+            node = before_span.next
+            for pos in range(low, high + 1):
+                position[node] = pos
+                node = node.next
     return moved
 
 

@@ -56,6 +56,7 @@ is the FX node of the kernel's first member, so it is for estimates, not for rew
 
 from __future__ import annotations
 
+import functools
 import heapq
 import operator
 from dataclasses import dataclass, field
@@ -163,14 +164,24 @@ def _copies(node: DagNode) -> bool:
     if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
         return False
     try:
-        probe = torch.empty_strided([as_int(d) for d in src.shape], [as_int(s) for s in src.stride()],
-                                    dtype=src.dtype, device="meta")
-        probe.view([as_int(d) for d in out.shape])
-    except RuntimeError:
-        return True
+        layout = (tuple(as_int(d) for d in src.shape), tuple(as_int(s) for s in src.stride()),
+                  tuple(as_int(d) for d in out.shape))
     except ValueError:  # an unbacked size: assume the common case, a view
         return False
-    return False
+    return not _viewable(*layout)
+
+
+@functools.lru_cache(maxsize=4096)
+def _viewable(shape: tuple[int, ...], stride: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Whether a tensor of ``shape`` / ``stride`` can be viewed as ``out_shape``, as torch decides it.  Asked
+    once per distinct layout: a repeated block asks the same, and inside a compile the probe's ``view`` runs
+    through the Python dispatcher (about 0.1 ms a call)."""
+    probe = torch.empty_strided(shape, stride, dtype=torch.uint8, device="meta")
+    try:
+        probe.view(out_shape)
+    except (RuntimeError, ValueError):  # ValueError: torch's Python reference (inside a compile) refusing it
+        return False
+    return True
 
 
 def _is_pointwise(node: DagNode) -> bool:
@@ -629,12 +640,20 @@ def _recompute_cheap_pointwise(units: list[_Unit], nodes: list[DagNode]) -> None
                 and len(loads[v]) <= max_reads
                 and all(units[r].kind is _FUSABLE and units[r].members for r in readers[v])):
             recompute.append(v)
+    # who reads each unit, kept up to date as readers are rewired below
+    reading: list[set[int]] = [set() for _ in units]
+    for r, u in enumerate(units):
+        for p in u.preds:
+            reading[p].add(r)
     for v in reversed(recompute):  # later ones first: their readers then read these ones
-        rs = sorted({r for r in range(len(units)) if v in units[r].preds}, key=lambda r: units[r].pos)
+        rs = sorted(reading[v], key=lambda r: units[r].pos)
         for r in rs[1:]:  # each computes it with the ops computed inside it (read by it alone), from their inputs
             reader = units[r]
             reader.preds = [p for p in reader.preds if p != v] + leaf_preds[v]
             reader.reads = [rd for rd in reader.reads if rd[0] != v] + leaf_reads[v]
+            reading[v].discard(r)
+            for p in leaf_preds[v]:
+                reading[p].add(r)
 
 
 def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _Groups, topo: list[int]) -> None:
@@ -805,6 +824,13 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     new_id = {r: k for k, r in enumerate(order)}
     kernel_name = {r: _kernel_name(nodes, units, succs, group_members[r]) for r in order}
 
+    # per unit, the units reading one of its results (a fallback kernel's: key (unit, k)) and which
+    result_readers: dict[int, list[tuple[int, Any]]] = {}
+    for w, unit in enumerate(units):
+        for src_unit, key, _, _ in unit.reads:
+            if isinstance(key, tuple):
+                result_readers.setdefault(src_unit, []).append((w, key))
+
     out_nodes: list[DagNode] = []
     for r in order:
         members = sorted(group_members[r], key=lambda v: units[v].pos)
@@ -822,11 +848,10 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
                 # a fallback kernel's results: each its own buffer, freed after its own readers; one nobody
                 # reads is never unpacked, and Inductor's estimate does not count it
                 readers_of: dict[int, set[str]] = {}
-                for w, unit in enumerate(units):
+                for w, key in result_readers.get(members[0], ()):
                     g = groups.find(w)
-                    for src_unit, key, _, _ in unit.reads:
-                        if src_unit == members[0] and isinstance(key, tuple) and g != r:
-                            readers_of.setdefault(key[1], set()).add(kernel_name[g])
+                    if g != r:
+                        readers_of.setdefault(key[1], set()).add(kernel_name[g])
                 node.output_buffers = tuple(OutputBuffer(_bytes(results[k]), tuple(sorted(readers_of[k])))
                                             for k in sorted(readers_of))
                 node.out_bytes = sum(b.nbytes for b in node.output_buffers)
