@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from typing import Any, Iterable
@@ -84,6 +85,7 @@ _ROOT_RE = re.compile(r"^(?:L|G)\.[A-Za-z_][A-Za-z0-9_]*(?:\.|$)")
 _CLOSURE_RE = re.compile(r"^dict\(type\((?P<module>.*)\)\.__dict__\)\.(?P<attr>[A-Za-z_][A-Za-z0-9_]*)\.fget\b")
 
 
+@functools.lru_cache(maxsize=8192)  # a pure function of the text; every node of a block repeats its path
 def normalize_module_path(path: str) -> str:
     """A module or parameter path as Dynamo writes it -> its FQN in the compiled module's naming.
 

@@ -211,6 +211,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     edges: list[tuple[int, int]] = []
     outputs = graph_outputs if graph_outputs is not None else _graph_output_names()
     graph_inputs = _graph_input_names()
+    covered_numel: dict[tuple, int | None] = {}  # see _covered_elements
     for i, snode in enumerate(snodes):
         ir_node = getattr(snode, "node", None)
         name = _op_name(snode)
@@ -273,7 +274,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             node.flops = _flops(snode)
             node.kernel_key = _kernel_key(snode)
             try:
-                total = _accessed_bytes(snode)
+                total = _accessed_bytes(snode, covered_numel)
             except Exception:
                 total = out_bytes
             node.in_bytes = max(total - out_bytes, 0)
@@ -375,11 +376,12 @@ def _dep_bytes(dep: Any) -> int:
         return 0
 
 
-def _covered_elements(snode: Any) -> dict[str, int | None]:
+def _covered_elements(snode: Any, numel_of: dict[tuple, int | None]) -> dict[str, int | None]:
     """Per buffer, how many of its elements the node's accesses cover (None: all of it).
 
     A loop kernel's access covers the loop variables its index uses (``MemoryDep.get_numel``); an extern
-    kernel's, the size of each input as passed (a view of a bucket is its slice, not the bucket)."""
+    kernel's, the size of each input as passed (a view of a bucket is its slice, not the bucket).
+    ``numel_of`` caches a loop access's count by its index and loop (every block repeats them)."""
     from torch._inductor import dependencies, ir
 
     covered: dict[str, int | None] = {}
@@ -404,14 +406,17 @@ def _covered_elements(snode: Any) -> dict[str, int | None]:
                 add(dep.name, None)
             continue
         for dep in (*part.read_writes.reads, *part.read_writes.writes):
-            if isinstance(dep, dependencies.MemoryDep) and not dep.is_indirect():
-                add(dep.name, _size_hint(dep.get_numel()))
+            if isinstance(dep, dependencies.MemoryDep):
+                key = (dep.index, dep.var_names, dep.size)
+                if key not in numel_of:
+                    numel_of[key] = None if dep.is_indirect() else _size_hint(dep.get_numel())
+                add(dep.name, numel_of[key])
             elif not getattr(dep, "is_fake", False):
                 add(dep.name, None)
     return covered
 
 
-def _accessed_bytes(snode: Any) -> int:
+def _accessed_bytes(snode: Any, numel_of: dict[tuple, int | None]) -> int:
     """Bytes a kernel reads and writes: Inductor's count per buffer, capped at what the accesses cover.
 
     Inductor charges each access the whole loop's size (an extern or fused kernel's: any size), at most the
@@ -422,7 +427,7 @@ def _accessed_bytes(snode: Any) -> int:
     from torch._inductor.virtualized import V
 
     per_buffer = snode.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
-    covered = _covered_elements(snode)
+    covered = _covered_elements(snode, numel_of)
     total = 0
     for name, nbytes in per_buffer.items():
         elements = covered.get(name)

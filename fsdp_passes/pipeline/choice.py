@@ -224,9 +224,15 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         score.rejected = f"memory claim {score.extra_bytes} B > memory_budget {budget.total} B"
         return score
 
+    priced: dict[tuple, float] = {}  # a block's collectives repeat the same few (op, bytes, group)
+
     def cost(op: CollectiveOp | None, nbytes: int, node: Any) -> float:
-        return float(cost_model.collective_ms(op or CollectiveOp.OTHER, nbytes, node.group_size or 2,
-                                              node.group_ranks))
+        key = (op, nbytes, node.group_size, node.group_ranks)
+        ms = priced.get(key)
+        if ms is None:
+            ms = priced[key] = float(cost_model.collective_ms(op or CollectiveOp.OTHER, nbytes,
+                                                              node.group_size or 2, node.group_ranks))
+        return ms
 
     def copy_ms(nbytes: float) -> float:  # one copy kernel: reads and writes ``nbytes``
         return float(cost_model.compute_ms(0.0, 2.0 * nbytes))
