@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import signal
 import socket
 import time
 import traceback
@@ -51,6 +52,40 @@ def _rank_main(rank: int, world_size: int, port: int, timeout: float, fn: Callab
         results.put((rank, False, traceback.format_exc()))
 
 
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return "is still running" if code is None else f"exited with code {code}"
+
+
+def _other_ranks(procs: list, failed: int, out: dict[int, Any], results: Any, wait_s: float = 5.0) -> str:
+    """What the other ranks did, read within ``wait_s`` of one rank's failure: a rank's error often follows
+    from another's (a peer that crashed resets the connection), and a crash leaves no traceback of its own."""
+    errors: dict[int, str] = {}
+    deadline = time.monotonic() + wait_s
+    pending = [r for r in range(len(procs)) if r != failed and r not in out]
+    while pending and time.monotonic() < deadline:
+        try:
+            rank, ok, value = results.get(timeout=0.2)
+            if not ok:
+                errors[rank] = value.strip().splitlines()[-1] if value.strip() else "an error"
+            pending = [r for r in pending if r != rank]
+        except queue.Empty:
+            pending = [r for r in pending if procs[r].is_alive()]
+    lines = []
+    for r in range(len(procs)):
+        if r == failed or r in out:
+            continue
+        if r in errors:
+            lines.append(f"rank {r} raised: {errors[r]}")
+        else:
+            lines.append(f"rank {r} {_exit_text(procs[r].exitcode)} without a result")
+    return "\nother ranks: " + "; ".join(lines) if lines else ""
+
+
 def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 120) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes joined by a gloo group.
 
@@ -58,8 +93,8 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
     ``fn`` returns; each process uses one intra-op thread.  ``fn``, ``args`` and the results must be
     picklable (``fn`` defined at module level; a script calling this needs the usual
     ``if __name__ == "__main__":`` guard, as processes are spawned).  Returns the results in rank order.  Raises
-    :class:`RankFailed` (with the rank's traceback) if a rank raises, ``TimeoutError`` after ``timeout``
-    seconds.
+    :class:`RankFailed` (with the rank's traceback, and what the other ranks did: their errors, or how a crashed
+    one ended) if a rank raises or dies, ``TimeoutError`` after ``timeout`` seconds.
     """
     if world_size < 1:
         raise ValueError(f"run_on_gloo: world_size={world_size}, expected >= 1")
@@ -86,10 +121,11 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in out and not p.is_alive() and p.exitcode != 0]
                 if dead:
-                    raise RankFailed(dead[0], f"process exited with code {procs[dead[0]].exitcode} without a result")
+                    raise RankFailed(dead[0], f"process {_exit_text(procs[dead[0]].exitcode)} without a result"
+                                     + _other_ranks(procs, dead[0], out, results))
                 continue
             if not ok:
-                raise RankFailed(rank, value)
+                raise RankFailed(rank, value + _other_ranks(procs, rank, out, results))
             out[rank] = value
     finally:
         for p in procs:

@@ -228,3 +228,23 @@ def _raise_on_rank_1(rank: int, world_size: int) -> int:
 def test_run_on_gloo_propagates_rank_errors():
     with pytest.raises(RankFailed, match=r"rank 1 failed(.|\n)*KeyError: 'boom'"):
         run_on_gloo(2, _raise_on_rank_1, timeout=60)
+
+
+def _abort_on_rank_0_then_wait(rank: int, world_size: int) -> int:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if rank == 0:
+        os.abort()  # a crash: no Python traceback, the peer's next collective fails
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
+def test_run_on_gloo_names_a_crashed_peer():
+    # rank 1's own error is a connection error; the message must say that rank 0 died, and how
+    with pytest.raises(RankFailed) as info:
+        run_on_gloo(2, _abort_on_rank_0_then_wait, timeout=60)
+    assert "SIGABRT" in str(info.value)
+    assert "rank 0" in str(info.value)
