@@ -41,10 +41,15 @@ def _layout_bytes(ir_node: Any) -> int:
     dtype = getattr(layout, "dtype", None)
     if size is None or dtype is None or not isinstance(dtype, torch.dtype):
         return 0
+    return _numel(size) * dtype.itemsize
+
+
+def _numel(size: Sequence[Any]) -> int:
+    """Elements of a (size-hinted) shape."""
     numel = 1
     for s in size:
         numel *= _size_hint(s)
-    return numel * dtype.itemsize
+    return numel
 
 
 def _allocated_bytes(ir_node: Any) -> int:
@@ -398,10 +403,7 @@ def _covered_elements(snode: Any, numel_of: dict[tuple, int | None]) -> dict[str
             inputs = [x for i in ir_node.inputs for x in (i if isinstance(i, (list, tuple)) else [i])]
             for x in inputs:
                 if hasattr(x, "get_name") and hasattr(x, "get_size"):
-                    elements = 1
-                    for s in x.get_size():
-                        elements *= _size_hint(s)
-                    add(x.get_name(), elements)
+                    add(x.get_name(), _numel(x.get_size()))
             for dep in part.read_writes.writes:
                 add(dep.name, None)
             continue
