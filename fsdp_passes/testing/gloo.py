@@ -65,19 +65,22 @@ def _other_ranks(procs: list, failed: int, out: dict[int, Any], results: Any, wa
     """What the other ranks did, read within ``wait_s`` of one rank's failure: a rank's error often follows
     from another's (a peer that crashed resets the connection), and a crash leaves no traceback of its own."""
     errors: dict[int, str] = {}
+    finished: set[int] = set()
     deadline = time.monotonic() + wait_s
     pending = [r for r in range(len(procs)) if r != failed and r not in out]
     while pending and time.monotonic() < deadline:
         try:
             rank, ok, value = results.get(timeout=0.2)
-            if not ok:
+            if ok:
+                finished.add(rank)
+            else:
                 errors[rank] = value.strip().splitlines()[-1] if value.strip() else "an error"
             pending = [r for r in pending if r != rank]
         except queue.Empty:
             pending = [r for r in pending if procs[r].is_alive()]
     lines = []
     for r in range(len(procs)):
-        if r == failed or r in out:
+        if r == failed or r in out or r in finished:
             continue
         if r in errors:
             lines.append(f"rank {r} raised: {errors[r]}")
