@@ -47,7 +47,11 @@ kernels run between them), the module structure, the options and the cluster pro
 activation size, which differ between ranks with different local batches.  One caveat: the kernel prediction
 decides some fusions by comparing loop sizes (a kernel looping over a weight fuses with one looping over
 activations only when their element counts are equal), so a kernel count can depend on the local batch where
-such sizes happen to tie (so can the copy-in test, which compares element counts too);
+such sizes happen to tie (so can the copy-in test, which compares element counts too), and a local batch of 1
+changes layouts (a ``reshape`` of a transposed activation is a view when the batch dimension is 1, a copy kernel
+otherwise; a sum over a batch dimension of 1 counts as pointwise, not as a reduction).  Such a difference moves
+a stretch's launch floor by one empty kernel, which changes the choice only where two candidates sit at the
+``SCORE_RESOLUTION`` boundary;
 tests/pipeline/test_rank_invariance.py holds the final collective sequences equal across local batches that
 include such ties (batch = model width), not every model and batch.  It costs one kernel prediction per graph
 and O(collectives) per candidate: no graph is rewritten or simulated.
