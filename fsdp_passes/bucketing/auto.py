@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..dag.graph import CollectiveOp, Dag
-from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, extra_bytes_of,
-                   make_bucket)
+from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, bucket_limit, extra_bytes_of,
+                   make_bucket, surveyed)
 
 
 class CollectiveCost(Protocol):
@@ -37,12 +37,15 @@ def plan_auto(
     bucket_cap_mb: float | None = None,
     memory_budget_bytes: BucketLimit = None,
     bucket_non_fsdp: bool = False,
+    survey: CollectiveSurvey | None = None,
 ) -> BucketPlanResult:
     """Greedy buckets per (op, group, reduce op, dtype) sequence; see the module docstring.
 
     bucket_cap_mb: largest merged payload, MiB (None: no cap).
     memory_budget_bytes: largest ``extra_bytes_bound`` of one bucket, or a function of the bucket's op giving
         it (None: no limit).
+    survey: ``dag``'s collectives already judged with ``bucket_non_fsdp`` (``survey_collectives``), else
+        judged here.
     """
     if bucket_cap_mb is not None and bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: expected a positive number of MiB or None")
@@ -50,22 +53,18 @@ def plan_auto(
         raise ValueError(f"memory_budget={memory_budget_bytes!r} bytes: expected >= 0")
     cap_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)
 
-    collectives = dag.collectives()
-    unbucketed: dict[int, str] = {}
-    sequences: dict[tuple, list[int]] = {}
-    for c in collectives:
-        why = bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp)
-        if why:
-            unbucketed[c] = why
-        else:
-            sequences.setdefault(bucket_key(dag.nodes[c]), []).append(c)
+    survey = surveyed(dag, bucket_non_fsdp, survey)
+    sequences: dict[BucketKey, list[int]] = {}
+    for c, key in survey.keys.items():
+        sequences.setdefault(key, []).append(c)
 
     buckets: list[Bucket] = []
     for key, seq in sequences.items():
         buckets.extend(_plan_sequence(dag, seq, cost_model, cap_bytes,
                                       bucket_limit(memory_budget_bytes, dag.nodes[seq[0]].collective), key))
     buckets.sort(key=lambda b: b.members[0])
-    return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
+    return BucketPlanResult(buckets=buckets, unbucketed=dict(survey.unbucketed),
+                            n_collectives_before=len(survey.collectives))
 
 
 def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int | None, limit: int | None,

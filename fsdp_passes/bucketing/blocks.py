@@ -10,8 +10,8 @@ from typing import Hashable, Mapping, Sequence
 
 from ..dag.graph import Dag, NodeKind
 from .manual import collective_fqn
-from .plan import (Bucket, BucketLimit, BucketPlanResult, bucket_key, bucket_limit, bucketability, cut_to_bound,
-                   make_bucket, split_dependent)
+from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, bucket_key, bucket_limit,
+                   cut_to_bound, make_bucket, split_dependent, surveyed)
 
 __all__ = ["REPEAT", "block_keys", "collective_blocks", "merged_block_buckets", "plan_per_block", "plan_unmerged",
            "repeated_blocks"]
@@ -122,14 +122,17 @@ def repeated_blocks(dag: Dag, members: Sequence[int], compute_prefix: Sequence[i
     return out
 
 
-def collective_blocks(dag: Dag, fqns: Mapping[int, str | None]) -> dict[int, str | None]:
+def collective_blocks(dag: Dag, fqns: Mapping[int, str | None], keys: Mapping[int, BucketKey] | None = None,
+                      ) -> dict[int, str | None]:
     """Bucketable collective id (with its FQN or None, in graph order) -> its block: by module names
-    (``block_keys``), else, per bucketable sequence, by the graph's repeated structure (``repeated_blocks``)."""
+    (``block_keys``), else, per bucketable sequence, by the graph's repeated structure (``repeated_blocks``).
+    ``keys``: the collectives' ``bucket_key``s when the caller has them (``CollectiveSurvey.keys``)."""
     blocks = block_keys(fqns)
-    unnamed: dict[tuple, list[int]] = {}
+    unnamed: dict[BucketKey, list[int]] = {}
     for c in fqns:
         if blocks[c] is None:
-            unnamed.setdefault(bucket_key(dag.nodes[c]), []).append(c)
+            key = keys[c] if keys is not None else bucket_key(dag.nodes[c])
+            unnamed.setdefault(key, []).append(c)
     if unnamed:
         prefix = _compute_prefix(dag)
         for members in unnamed.values():
@@ -138,53 +141,50 @@ def collective_blocks(dag: Dag, fqns: Mapping[int, str | None]) -> dict[int, str
 
 
 def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
-                   cap_bytes: int | None = None, memory_budget_bytes: BucketLimit = None) -> BucketPlanResult:
+                   cap_bytes: int | None = None, memory_budget_bytes: BucketLimit = None,
+                   survey: CollectiveSurvey | None = None) -> BucketPlanResult:
     """One bucket per module block (see ``block_keys``) per (op, group, reduce op, dtype, group size).
 
     Members that depend on each other are split into runs (``close_reason="dependency"``).  A run is cut
     where the next member would take it over ``cap_bytes`` (``"size_cap"``) or its ``extra_bytes_bound`` over
     ``memory_budget_bytes`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
     without an FQN are grouped by the graph's repeated structure (``repeated_blocks``); the rest stay alone.
+    ``survey``: ``dag``'s collectives already judged with ``bucket_non_fsdp`` (``survey_collectives``).
     """
-    collectives, unbucketed, pieces = _block_pieces(dag, bucket_non_fsdp, param_fqns, cap_bytes, memory_budget_bytes)
+    survey = surveyed(dag, bucket_non_fsdp, survey)
+    pieces = _block_pieces(dag, survey, param_fqns, cap_bytes, memory_budget_bytes)
     buckets = [make_bucket(dag, members, close_reason=why, label=label) for members, why, label in pieces]
     buckets.sort(key=lambda b: b.members[0])
-    return BucketPlanResult(buckets=buckets, unbucketed=unbucketed, n_collectives_before=len(collectives))
+    return BucketPlanResult(buckets=buckets, unbucketed=dict(survey.unbucketed),
+                            n_collectives_before=len(survey.collectives))
 
 
-def merged_block_buckets(dag: Dag, *, bucket_non_fsdp: bool = False,
-                         param_fqns: Mapping[str, str] | None = None) -> list[Bucket]:
+def merged_block_buckets(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
+                         survey: CollectiveSurvey | None = None) -> list[Bucket]:
     """The buckets of ``plan_per_block`` (no cap, no limit) that merge two or more collectives, in graph order,
     without building the single-collective ones (what the memory budget's block claim reads)."""
-    _, _, pieces = _block_pieces(dag, bucket_non_fsdp, param_fqns, None, None)
+    pieces = _block_pieces(dag, surveyed(dag, bucket_non_fsdp, survey), param_fqns, None, None)
     buckets = [make_bucket(dag, members, close_reason=why, label=label) for members, why, label in pieces
                if len(members) > 1]
     buckets.sort(key=lambda b: b.members[0])
     return buckets
 
 
-def _block_pieces(dag: Dag, bucket_non_fsdp: bool, param_fqns: Mapping[str, str] | None, cap_bytes: int | None,
-                  memory_budget_bytes: BucketLimit,
-                  ) -> tuple[list[int], dict[int, str], list[tuple[list[int], str, str]]]:
-    """``plan_per_block``'s collectives, unbucketed ones and buckets as (members, close reason, label)."""
-    collectives = dag.collectives()
-    unbucketed: dict[int, str] = {}
-    fqns: dict[int, str | None] = {}
-    for c in collectives:
-        why = bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp)
-        if why:
-            unbucketed[c] = why
-        else:
-            fqns[c] = collective_fqn(dag.nodes[c], param_fqns)
-    blocks = collective_blocks(dag, fqns)
-    groups: dict[tuple, list[int]] = {}
+def _block_pieces(dag: Dag, survey: CollectiveSurvey, param_fqns: Mapping[str, str] | None, cap_bytes: int | None,
+                  memory_budget_bytes: BucketLimit) -> list[tuple[list[int], str, str]]:
+    """``plan_per_block``'s buckets as (members, close reason, label)."""
+    keys = survey.keys
+    nodes = dag.nodes
+    fqns = {c: collective_fqn(nodes[c], param_fqns) for c in keys}
+    blocks = collective_blocks(dag, fqns, keys)
+    groups: dict[tuple[str, BucketKey], list[int]] = {}
     pieces: list[tuple[list[int], str, str]] = []
-    for c in fqns:  # graph order
+    for c, key in keys.items():  # graph order
         block = blocks[c]
         if block is None:
             pieces.append(([c], "plan", "block:?"))
         else:
-            groups.setdefault((block, bucket_key(dag.nodes[c])), []).append(c)
+            groups.setdefault((block, key), []).append(c)
     for (block, _), members in groups.items():
         label = f"block:{block}"
         runs = split_dependent(dag, members)
@@ -194,7 +194,7 @@ def _block_pieces(dag: Dag, bucket_non_fsdp: bool, param_fqns: Mapping[str, str]
                 if why is None:
                     why = "dependency" if r_idx < len(runs) - 1 else "plan"
                 pieces.append((piece, why, label))
-    return collectives, unbucketed, pieces
+    return pieces
 
 
 def plan_unmerged(dag: Dag, like: BucketPlanResult, reason: str = "score") -> BucketPlanResult:

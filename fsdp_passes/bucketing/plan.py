@@ -102,7 +102,10 @@ class BucketPlanResult:
 
 # -- what may be bucketed ------------------------------------------------------------------------------------
 
-def bucket_key(node: DagNode) -> tuple[str, str, str | None, str | None, int | None]:
+BucketKey = tuple[str, str, Optional[str], Optional[str], Optional[int]]
+
+
+def bucket_key(node: DagNode) -> BucketKey:
     """Members of one bucket share process group, op, reduce op, dtype and group size."""
     # ``_value_`` is what the ``value`` property returns, read without the property's call (this runs per
     # collective and per candidate member)
@@ -123,15 +126,56 @@ def bucketability(dag: Dag, i: int, *, bucket_non_fsdp: bool = False) -> str | N
         return "unknown process-group size"  # all-gather / reduce-scatter carry it in their arguments
     nodes = dag.nodes
     wait = NodeKind.WAIT
-    waits = [s for s in dag.succs[i] if nodes[s].kind is wait]
-    if len(waits) != 1:
-        return f"has {len(waits)} waits, expected exactly one"
+    n_waits = 0
+    for s in dag.succs[i]:  # counted, not listed: this runs once per collective
+        if nodes[s].kind is wait:
+            n_waits += 1
+    if n_waits != 1:
+        return f"has {n_waits} waits, expected exactly one"
     origin = node.origin
     if origin is not None and hasattr(origin, "users"):
         err = _fx_bucketability(origin, node)
         if err:
             return err
     return None
+
+
+@dataclass(frozen=True, eq=False)
+class CollectiveSurvey:
+    """The collectives of ``dag``, each judged once (``bucketability``) and keyed (``bucket_key``) for the
+    planners that read them: ``plan_bucketing`` needs them for the budget's block claim and again for the
+    plan, and judging is a good part of planning a large graph.  Take one with ``survey_collectives``; it
+    holds for the DAG as it was then (planning does not change a DAG)."""
+
+    dag: Dag = field(repr=False)
+    bucket_non_fsdp: bool
+    collectives: list[int]  # every collective, graph order
+    unbucketed: dict[int, str]  # collective -> why it may not join a bucket, graph order
+    keys: dict[int, BucketKey]  # the others -> their ``bucket_key``, graph order
+
+
+def survey_collectives(dag: Dag, *, bucket_non_fsdp: bool = False) -> CollectiveSurvey:
+    """The ``CollectiveSurvey`` of ``dag``."""
+    unbucketed: dict[int, str] = {}
+    keys: dict[int, BucketKey] = {}
+    collectives = dag.collectives()
+    nodes = dag.nodes
+    for c in collectives:
+        why = bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp)
+        if why:
+            unbucketed[c] = why
+        else:
+            keys[c] = bucket_key(nodes[c])
+    return CollectiveSurvey(dag, bucket_non_fsdp, collectives, unbucketed, keys)
+
+
+def surveyed(dag: Dag, bucket_non_fsdp: bool, survey: CollectiveSurvey | None) -> CollectiveSurvey:
+    """``survey`` when given (checked to be of ``dag`` and ``bucket_non_fsdp``), else a new one."""
+    if survey is None:
+        return survey_collectives(dag, bucket_non_fsdp=bucket_non_fsdp)
+    if survey.dag is not dag or survey.bucket_non_fsdp != bucket_non_fsdp:
+        raise ValueError("the collective survey was taken of another DAG or with another bucket_non_fsdp")
+    return survey
 
 
 def _fx_bucketability(fx_node: Any, node: DagNode) -> str | None:
@@ -206,76 +250,82 @@ def plan_cycles(dag: Dag, buckets: Iterable[Bucket]) -> list[int]:
         if len(b.members) < 2:
             continue
         c0 = b.members[0]
-        w0 = _wait_of(dag, c0)
-        for m in b.members:
+        waits = _first_waits(dag, b.members)
+        w0 = waits[0]
+        for m, w in zip(b.members, waits):
             rep[m] = c0
             owner[m] = b_idx
-            w = _wait_of(dag, m)
             if w is not None and w0 is not None:
                 rep[w] = w0
                 owner[w] = b_idx
-    # Kahn's algorithm on the contracted graph without building it: a representative's out-edges are its
-    # members' edges mapped through ``rep`` (parallel edges are counted and released alike, so need no merging)
+    # Kahn's algorithm on the contracted graph: a representative's out-edges are its members' edges mapped
+    # through ``rep`` (parallel edges are counted and released alike, so need no merging); every other node
+    # keeps its own.  Only nodes in ``owner`` can have another representative: no scan of all n for them (the
+    # order of a group's members does not change which nodes Kahn's algorithm reaches)
     members_of: dict[int, list[int]] = {}
-    for i in range(n):
+    for i in owner:
         if rep[i] != i:
             members_of.setdefault(rep[i], [rep[i]]).append(i)
-    dag_succs = dag.succs
+    preds, succs = dag.preds, dag.succs
+    out_edges = list(succs)
     # in-degrees: a node outside every bucket keeps its own (its inputs are distinct nodes, none of them
-    # itself); a representative's are its members' inputs from outside the group, recounted
-    indeg = list(map(len, dag.preds))
-    preds = dag.preds
+    # itself); a representative's are its members' inputs from outside the group, recounted (the other
+    # members' are never read: they are no longer nodes)
+    indeg = list(map(len, preds))
     for r, group in members_of.items():
-        count = 0
-        for m in group:
-            indeg[m] = 0
-            for p in preds[m]:
-                if rep[p] != r:
-                    count += 1
-        indeg[r] = count
+        indeg[r] = len([p for m in group for p in preds[m] if rep[p] != r])
+        out_edges[r] = [v for m in group for v in succs[m]]
     reps = [r for r in range(n) if rep[r] == r]
     ready = [r for r in reps if indeg[r] == 0]
     done = 0
     while ready:
         u = ready.pop()
         done += 1
-        for m in members_of.get(u, (u,)):
-            for v in dag_succs[m]:
-                rv = rep[v]
-                if rv != u:
-                    indeg[rv] -= 1
-                    if indeg[rv] == 0:
-                        ready.append(rv)
+        for v in out_edges[u]:
+            rv = rep[v]
+            if rv != u:
+                indeg[rv] -= 1
+                if indeg[rv] == 0:
+                    ready.append(rv)
     if done == len(reps):
         return []
     stuck = {owner[r] for r in reps if indeg[r] > 0 and r in owner}
     return sorted(stuck)
 
 
-def _wait_of(dag: Dag, c: int) -> int | None:
-    for s in dag.succs[c]:
-        if dag.nodes[s].kind is NodeKind.WAIT:
-            return s
-    return None
+def _first_waits(dag: Dag, collectives: Sequence[int]) -> list[int | None]:
+    """Each collective's first successor that is a wait, None where it has none."""
+    nodes, succs = dag.nodes, dag.succs
+    wait = NodeKind.WAIT  # a local: reading an enum member off its class costs several times more
+    out: list[int | None] = []
+    for c in collectives:
+        first = None
+        for s in succs[c]:
+            if nodes[s].kind is wait:
+                first = s
+                break
+        out.append(first)
+    return out
 
 
 def make_bucket(dag: Dag, members: Sequence[int], *, close_reason: str, label: str = "") -> Bucket:
     """A ``Bucket`` over ``members`` (sorted into graph order) with fields taken from the first member."""
     members = sorted(members)
-    first = dag.nodes[members[0]]
+    nodes = [dag.nodes[m] for m in members]  # once: every field below reads them
+    first = nodes[0]
+    sizes = [n.comm_bytes for n in nodes]
     return Bucket(
-        members=list(members),
+        members=members,
         op=first.collective or CollectiveOp.OTHER,
         group_name=first.group_name or "?",
         reduce_op=first.reduce_op,
         dtype=first.dtype,
-        comm_bytes=sum(dag.nodes[m].comm_bytes for m in members),
+        comm_bytes=sum(sizes),
         close_reason=close_reason,
         label=label,
-        member_names=[dag.nodes[m].name for m in members],
-        params=[param_name(dag.nodes[m]) for m in members],
-        extra_bytes=extra_bytes_bound(first.collective, [dag.nodes[m].comm_bytes for m in members],
-                                      first.group_size or 2),
+        member_names=[n.name for n in nodes],
+        params=[param_name(n) for n in nodes],
+        extra_bytes=extra_bytes_bound(first.collective, sizes, first.group_size or 2),
         kept_bytes=kept_bytes_bound(dag, members),
     )
 
@@ -326,10 +376,14 @@ def bucket_limit(limit: BucketLimit, op: CollectiveOp | None) -> int | None:
     return limit(op) if callable(limit) else limit
 
 
-def fsdp_payload_bytes(dag: Dag) -> int:
+def fsdp_payload_bytes(dag: Dag, collectives: Sequence[int] | None = None) -> int:
     """Bytes the FSDP collectives of ``dag`` move (gathered parameters, gradients before the scatter): what a
     percentage ``memory_budget`` is a percentage of.  Parameter-sized, so the same on every rank whatever
-    its local batch or sequence length; bucketing does not change it (a bucket moves its members' bytes)."""
+    its local batch or sequence length; bucketing does not change it (a bucket moves its members' bytes).
+    ``collectives``: ``dag.collectives()`` when the caller has it (a survey's), to read those nodes only."""
+    if collectives is not None:
+        nodes = dag.nodes
+        return sum(nodes[c].comm_bytes for c in collectives if nodes[c].fsdp)
     collective = NodeKind.COLLECTIVE  # a local: reading an enum member off its class costs several times more
     return sum(n.comm_bytes for n in dag.nodes if n.fsdp and n.kind is collective)
 
@@ -341,24 +395,28 @@ def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int
     None for the last piece).  A single collective always fits."""
     if not run:
         return []
-    first = dag.nodes[run[0]]
+    nodes = dag.nodes
+    first = nodes[run[0]]
     op, group_size = first.collective, first.group_size or 2
     out: list[tuple[list[int], str | None]] = []
     cur: list[int] = [run[0]]
-    sizes = [first.comm_bytes]
+    # the piece's payload, summed and smallest, kept as it grows (its bound needs only these: linear, where
+    # re-summing the piece per member was quadratic in its length)
+    total = smallest = first.comm_bytes
     for j in run[1:]:
-        bj = dag.nodes[j].comm_bytes
+        bj = nodes[j].comm_bytes
         why = None
-        if cap_bytes is not None and sum(sizes) + bj > cap_bytes:
+        if cap_bytes is not None and total + bj > cap_bytes:
             why = "size_cap"
-        elif limit is not None and extra_bytes_bound(op, sizes + [bj], group_size) > limit:
+        elif limit is not None and extra_bytes_of(op, total + bj, min(smallest, bj), group_size) > limit:
             why = "memory"
         if why is None:
             cur.append(j)
-            sizes.append(bj)
+            total += bj
+            smallest = min(smallest, bj)
             continue
         out.append((cur, why))
-        cur, sizes = [j], [bj]
+        cur, total, smallest = [j], bj, bj
     out.append((cur, None))
     return out
 

@@ -18,7 +18,7 @@ from ..dag.gc_pause import collector_paused
 from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 from ..bucketing.manual import describe_entries, fqns_seen_hint
-from ..bucketing.plan import Bucket
+from ..bucketing.plan import Bucket, CollectiveSurvey, survey_collectives
 from ..bucketing.placement import issue_gathers_before_reductions, renumbered
 from ..bucketing.rewrite import RewriteStats, apply_buckets
 from .budget import graph_memory_budget, memory_claim
@@ -137,7 +137,9 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
-    budget = graph_memory_budget(dag, options, param_fqns=param_fqns)
+    # each collective judged once, for the budget, the planners and the attribution
+    survey = survey_collectives(dag, bucket_non_fsdp=options.bucket_non_fsdp)
+    budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
     # the kernels of the graph as it is, predicted once for auto's score and the report (and before the rewrite
     # changes the FX nodes the prediction reads)
     kernels = None
@@ -149,7 +151,8 @@ def bucket_graph(
     if options.bucketing == "auto":
         from .choice import choose_auto_plan
 
-        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns, kernels=kernels)
+        choice = choose_auto_plan(dag, options, cost_model, budget, param_fqns=param_fqns, kernels=kernels,
+                                  survey=survey)
         plan = choice.plan
     else:
         plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
@@ -160,7 +163,7 @@ def bucket_graph(
             + fqns_seen_hint(plan.fqns_seen),
             stacklevel=2,
         )
-    attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp)
+    attribution, unattributed, blocks = attribute_collectives(dag, param_fqns, options.bucket_non_fsdp, survey)
     if before_merging is not None and any(len(b) > 1 for b in plan.buckets):
         before_merging()
     stats = apply_buckets(graph, dag, plan.buckets)
@@ -198,20 +201,20 @@ def bucket_graph(
 
 
 def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None, bucket_non_fsdp: bool = False,
+                          survey: CollectiveSurvey | None = None,
                           ) -> tuple[dict[str, dict[str, str | None]], dict[str, str], list[str]]:
     """Per bucketable collective, the parameter it moves and the module that ran it; the ones with neither,
     and why; and the blocks they fall into, in graph order: repeated sibling modules of their FQNs, else
-    repetitions of the graph's structure (``<repeat>.<j>``)."""
+    repetitions of the graph's structure (``<repeat>.<j>``).  ``survey``: ``dag``'s collectives judged with
+    ``bucket_non_fsdp``, if the caller has them."""
     from ..bucketing.manual import collective_fqn
-    from ..bucketing.plan import bucketability, param_name
+    from ..bucketing.plan import param_name, surveyed
     from ..bucketing.blocks import collective_blocks
 
     attribution: dict[str, dict[str, str | None]] = {}
     unattributed: dict[str, str] = {}
     fqns: dict[int, str | None] = {}
-    for c in dag.collectives():
-        if bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp):
-            continue
+    for c in surveyed(dag, bucket_non_fsdp, survey).keys:
         node = dag.nodes[c]
         param = param_name(node)
         if not param and param_fqns and node.param_fqn:

@@ -21,7 +21,8 @@ from typing import Mapping
 
 from ..bucketing.blocks import merged_block_buckets
 from ..bucketing.manual import describe_entries
-from ..bucketing.plan import Bucket, BucketPlanResult, cut_to_bound, fsdp_payload_bytes, make_bucket
+from ..bucketing.plan import (Bucket, BucketPlanResult, CollectiveSurvey, cut_to_bound, fsdp_payload_bytes,
+                              make_bucket, surveyed)
 from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 
@@ -72,23 +73,25 @@ class MemoryBudget:
         return self.total // max(1, len(self.bucket_limits))
 
 
-def block_claim(dag: Dag, *, param_fqns: Mapping[str, str] | None = None,
-                bucket_non_fsdp: bool = False) -> tuple[int, dict[CollectiveOp, int]]:
+def block_claim(dag: Dag, *, param_fqns: Mapping[str, str] | None = None, bucket_non_fsdp: bool = False,
+                survey: CollectiveSurvey | None = None) -> tuple[int, dict[CollectiveOp, int]]:
     """What one bucket per module block claims of the budget (``memory_claim`` of the per-block plan, no
     size cap), and its largest bucket's ``extra_bytes`` per collective kind.  (0, {}) where no block
-    bucket merges anything."""
-    merged = merged_block_buckets(dag, bucket_non_fsdp=bucket_non_fsdp, param_fqns=param_fqns)
+    bucket merges anything.  ``survey``: ``dag``'s collectives already judged with ``bucket_non_fsdp``."""
+    merged = merged_block_buckets(dag, bucket_non_fsdp=bucket_non_fsdp, param_fqns=param_fqns, survey=survey)
     if not merged:
         return 0, {}
     per_kind = {op: n for op, n in _largest_extra_per_kind(merged).items() if n > 0}
     return memory_claim(merged), per_kind
 
 
-def graph_memory_budget(dag: Dag, options: Options, *,
-                        param_fqns: Mapping[str, str] | None = None) -> MemoryBudget:
-    """``options.memory_budget`` for the graph of ``dag`` (see the module docstring)."""
-    payload = fsdp_payload_bytes(dag)
-    unit, per_kind = block_claim(dag, param_fqns=param_fqns, bucket_non_fsdp=options.bucket_non_fsdp)
+def graph_memory_budget(dag: Dag, options: Options, *, param_fqns: Mapping[str, str] | None = None,
+                        survey: CollectiveSurvey | None = None) -> MemoryBudget:
+    """``options.memory_budget`` for the graph of ``dag`` (see the module docstring).  ``survey``: ``dag``'s
+    collectives already judged with ``options.bucket_non_fsdp`` (``survey_collectives``)."""
+    survey = surveyed(dag, options.bucket_non_fsdp, survey)
+    payload = fsdp_payload_bytes(dag, survey.collectives)
+    unit, per_kind = block_claim(dag, param_fqns=param_fqns, bucket_non_fsdp=options.bucket_non_fsdp, survey=survey)
     if unit == 0:
         unit = int(_NO_BLOCK_FRACTION * payload)
     total = options.memory_budget_bytes(payload, unit)

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..bucketing.blocks import plan_per_block, plan_unmerged
-from ..bucketing.plan import BucketPlanResult
+from ..bucketing.plan import BucketPlanResult, CollectiveSurvey
 from ..dag.graph import CollectiveOp, Dag
 from ..dag.fusion import copy_fuses_with_producer
 from ..simulate import slowed_end
@@ -359,25 +359,30 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
 
 
 def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudget, *,
-                     param_fqns: Mapping[str, str] | None = None, kernels: Dag | None = None) -> AutoChoice:
+                     param_fqns: Mapping[str, str] | None = None, kernels: Dag | None = None,
+                     survey: CollectiveSurvey | None = None) -> AutoChoice:
     """Build the candidates for ``dag``, score them, return the best (see the module docstring).
 
     budget: ``memory_budget`` for this graph (``budget.graph_memory_budget``).
-    kernels: ``dag.fusion.predict_kernels(dag)`` if the caller has it (computed here otherwise)."""
+    kernels: ``dag.fusion.predict_kernels(dag)`` if the caller has it (computed here otherwise).
+    survey: ``dag``'s collectives judged with ``options.bucket_non_fsdp`` (``bucketing.plan.survey_collectives``)
+        if the caller has them (judged here otherwise, once for every candidate)."""
     from ..bucketing.auto import plan_auto
-    from ..bucketing.plan import break_cycles
+    from ..bucketing.plan import break_cycles, surveyed
+
+    survey = surveyed(dag, options.bucket_non_fsdp, survey)
 
     limit = budget.limit
     cap_bytes = None if options.bucket_cap_mb is None else int(options.bucket_cap_mb * 2**20)
 
     def greedy(cap_mb: float | None) -> BucketPlanResult:
         return break_cycles(dag, plan_auto(dag, cost_model, bucket_cap_mb=cap_mb, memory_budget_bytes=limit,
-                                           bucket_non_fsdp=options.bucket_non_fsdp))
+                                           bucket_non_fsdp=options.bucket_non_fsdp, survey=survey))
 
     greedy_plan = greedy(options.bucket_cap_mb)
     per_block = break_cycles(dag, plan_per_block(dag, bucket_non_fsdp=options.bucket_non_fsdp,
                                                  param_fqns=param_fqns, cap_bytes=cap_bytes,
-                                                 memory_budget_bytes=limit))
+                                                 memory_budget_bytes=limit, survey=survey))
     fit_to_budget(dag, greedy_plan, budget)
     fit_to_budget(dag, per_block, budget)
     plans: list[tuple[str, BucketPlanResult | None, str | None]] = [

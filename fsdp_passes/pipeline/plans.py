@@ -6,7 +6,7 @@ from typing import Mapping
 
 from ..bucketing.auto import plan_auto
 from ..bucketing.manual import plan_manual
-from ..bucketing.plan import BucketPlanResult, break_cycles
+from ..bucketing.plan import BucketPlanResult, break_cycles, survey_collectives
 from ..cost_model import CostModel
 from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag, NodeKind
@@ -36,7 +36,9 @@ def plan_bucketing(
     if mode == "none":
         n = len(dag.collectives())
         return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
-    budget = graph_memory_budget(dag, options, param_fqns=param_fqns)
+    # judged once: the budget's block claim and the auto planner both read it
+    survey = survey_collectives(dag, bucket_non_fsdp=options.bucket_non_fsdp)
+    budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
     if mode == "manual":
         if not options.bucket_plan:
             raise ValueError("fsdp_passes option bucket_plan is required when bucketing='manual'")
@@ -47,7 +49,7 @@ def plan_bucketing(
         if cost_model is None:
             cost_model = CostModel.from_options(options.cluster, options.calibration)
         plan = plan_auto(dag, cost_model, bucket_cap_mb=options.bucket_cap_mb,
-                         memory_budget_bytes=budget.limit, bucket_non_fsdp=options.bucket_non_fsdp)
+                         memory_budget_bytes=budget.limit, bucket_non_fsdp=options.bucket_non_fsdp, survey=survey)
         fit_to_budget(dag, plan, budget)
     else:
         raise ValueError(f"fsdp_passes option bucketing={mode!r} is not valid: expected 'auto', 'manual' or 'none'")
