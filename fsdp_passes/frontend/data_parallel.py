@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
@@ -56,8 +57,11 @@ class _ShardedParam:
     parameter viewing its real rows."""
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
-                 grad_scale: float) -> None:
+                 grad_scale: float, replaced: nn.Parameter) -> None:
         self.info = info
+        # the parameter this one replaced: a tied parameter's other owners still hold it until a later call on an
+        # ancestor converts them (weak: otherwise it is freed)
+        self.replaced = weakref.ref(replaced)
         self.mesh = mesh
         self.placements = placements
         self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
@@ -86,8 +90,9 @@ class _ShardedParam:
             else:
                 self.param.grad += as_dtensor
 
-    def full(self, owner: nn.Module) -> torch.Tensor:
-        if owner._parameters[self.info.name] is not self.param:
+    def full(self, owner: nn.Module, name: str) -> torch.Tensor:
+        """The gathered parameter, read as ``owner.<name>`` (a tied parameter has several owners)."""
+        if owner._parameters[name] is not self.param:
             raise RuntimeError(
                 f"data_parallel: parameter {self.info.fqn} was replaced after sharding (assignment or "
                 f"load_state_dict(assign=True)); copy values into it in place instead (param.copy_ / load_state_dict)"
@@ -121,7 +126,7 @@ def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _make_property(name: str) -> property:
     def get(self: nn.Module) -> torch.Tensor:
-        return self._fsdp_shards[name].full(self)
+        return self._fsdp_shards[name].full(self, name)
 
     def set_(self: nn.Module, value: Any) -> None:
         raise AttributeError(f"{name} is sharded by data_parallel; copy values into the parameter in place instead")
@@ -252,9 +257,13 @@ def data_parallel(
         data-parallel ranks, i.e. averaged, as ``fully_shard`` does; ``1.0`` sums).
     ignored_params: parameters left as they are (not sharded, not reduced).
 
+    A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
+    ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
+    it, and the gradient contributions are summed before they reach ``param.grad``.  One converted by an
+    earlier call under another module keeps that call's settings.
+
     Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
-    already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode,
-    a parameter shared by two modules.
+    already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode.
     """
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
@@ -281,7 +290,17 @@ def data_parallel(
     divide = gradient_divide_factor if gradient_divide_factor is not None else float(mesh.size())
     param_dtype = mp_policy.param_dtype
 
-    seen: dict[int, str] = {}
+    # per parameter (by identity): its state, so that another owner of a tied parameter shares it; those made by
+    # earlier calls are found through their DTensor parameter and through the parameter they replaced
+    owned: dict[int, _ShardedParam] = {}
+    for mod in model.modules():
+        for state in (getattr(mod, "_fsdp_shards", None) or {}).values():
+            owned[id(state.param)] = state
+            original = state.replaced()
+            if original is not None:
+                owned[id(original)] = state
+    seen: set[int] = set()
+    replaced: list[nn.Parameter] = []  # kept alive to the end, so that no new object reuses their ids
     for mod_fqn, mod in model.named_modules():
         states: dict[str, _ShardedParam] = getattr(mod, "_fsdp_shards", None) or {}
         new_names = []
@@ -291,13 +310,15 @@ def data_parallel(
             fqn = f"{mod_fqn}.{name}" if mod_fqn else name
             if id(p) in ignored:
                 continue
-            if id(p) in seen:
-                raise ValueError(f"data_parallel: parameter {fqn} is the same tensor as {seen[id(p)]} (shared "
-                                 f"parameters are not supported); untie them or leave it unsharded with "
-                                 f"ignored_params")
-            seen[id(p)] = fqn
+            first = id(p) not in seen
+            seen.add(id(p))
             if name in states:  # sharded by an earlier call on this module or a descendant: keep its settings
-                states[name].info = _with_fqn(states[name].info, fqn, mod_fqn)
+                if first:  # named after its first owner (a tied parameter's other owners share the state)
+                    states[name].info = _with_fqn(states[name].info, fqn, mod_fqn)
+                continue
+            if id(p) in owned:  # another owner of a tied parameter: read the same state
+                states[name] = owned[id(p)]
+                new_names.append(name)
                 continue
             if isinstance(p, DTensor):
                 raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
@@ -307,8 +328,10 @@ def data_parallel(
                 raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
                                  f"0-dimensional; mode={mode!r} shards dim 0 (use mode='replicate' or "
                                  f"ignored_params)")
-            states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
-                                  mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide)
+            states[name] = owned[id(p)] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups,
+                                                 param_dtype, mp_policy.reduce_dtype,
+                                                 reshard_after_forward and sharded, 1.0 / divide)
+            replaced.append(p)
             new_names.append(name)
         if new_names:
             for name in new_names:
@@ -357,14 +380,19 @@ def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank:
         group_name=gather_group, world_size=world, reduce_scatter_group_name=rs_group if gather_group else None,
         replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
     )
-    return _ShardedParam(info, storage, mesh, placements, grad_scale)
+    return _ShardedParam(info, storage, mesh, placements, grad_scale, p)
 
 
 def sharded_params(model: nn.Module) -> dict[str, FSDPParam]:
-    """The parameters of ``model`` converted by :func:`data_parallel`, by FQN (in ``named_parameters`` order)."""
+    """The parameters of ``model`` converted by :func:`data_parallel`, by FQN (in ``named_parameters`` order: a
+    tied parameter once, under its first name)."""
     out: dict[str, FSDPParam] = {}
+    listed: set[int] = set()
     for mod_fqn, mod in model.named_modules():
         for name, state in (getattr(mod, "_fsdp_shards", None) or {}).items():
+            if id(state) in listed:
+                continue
+            listed.add(id(state))
             fqn = f"{mod_fqn}.{name}" if mod_fqn else name
             out[fqn] = _with_fqn(state.info, fqn, mod_fqn)
     return out

@@ -83,12 +83,30 @@ def test_errors_name_option_module_and_parameter(fake_pg):
 
     tied = build_llama(**LLAMA, fsdp=False)
     tied.output.weight = tied.tok_embeddings.weight
-    with pytest.raises(ValueError, match="output.weight is the same tensor as tok_embeddings.weight"):
-        data_parallel(tied)
-    tied = build_llama(**LLAMA, fsdp=False)
-    tied.output.weight = tied.tok_embeddings.weight
     data_parallel(tied, ignored_params={tied.output.weight})  # left unsharded, as asked
     assert not isinstance(tied.output.weight, DTensor) and isinstance(tied.norm._parameters["weight"], DTensor)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["one_call", "embedding_first"])
+def test_a_tied_parameter_is_sharded_once_and_shared_by_its_owners(fake_pg, nested):
+    tied = build_llama(**LLAMA, fsdp=False)
+    tied.output.weight = tied.tok_embeddings.weight
+    full = tied.output.weight.detach().clone()
+    if nested:  # the embedding converted by an earlier call, with its own settings
+        data_parallel(tied.tok_embeddings, reshard_after_forward=False)
+    data_parallel(tied)
+    weight = tied.tok_embeddings._parameters["weight"]
+    assert isinstance(weight, DTensor) and tied.output._parameters["weight"] is weight
+    assert tied.output._fsdp_shards["weight"] is tied.tok_embeddings._fsdp_shards["weight"]
+    names = [name for name, _ in tied.named_parameters()]
+    assert "tok_embeddings.weight" in names and "output.weight" not in names
+    infos = sharded_params(tied)
+    assert "output.weight" not in infos and len(infos) == len(names)
+    assert infos["tok_embeddings.weight"].reshard_after_forward is (not nested)
+    # this rank's rows are the parameter's (the gloo test checks what the owners gather and train)
+    assert torch.equal(weight.to_local(), full[:weight.to_local().shape[0]])
+    sd = tied.state_dict()  # both names, one storage (as for a tied module without sharding)
+    assert sd["output.weight"].to_local().data_ptr() == sd["tok_embeddings.weight"].to_local().data_ptr()
 
 
 def test_hybrid_needs_2d_mesh_and_fully_shard_1d(fake_pg):
