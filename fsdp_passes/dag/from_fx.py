@@ -245,8 +245,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         else:
             if has_flop_formula(fx_node.target):  # most nodes have none: skip building their arguments
                 try:
-                    node.flops = aten_flops(fx_node.target, size_hinted(fx_values(fx_node.args)),
-                                            size_hinted(fx_values(fx_node.kwargs)), size_hinted(value))
+                    node.flops = fx_node_flops(fx_node)
                 except Exception:  # FLOPs are an estimate input; a node torch cannot count costs bytes only
                     node.flops = 0.0
         for arg in inputs:
@@ -308,6 +307,25 @@ def size_hinted(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: size_hinted(v) for k, v in obj.items()}
     return obj
+
+
+#: ``fx.Node.meta`` key of a node's FLOP count, with the arguments it was counted on
+_FLOPS_META = "fsdp_passes_flops"
+
+
+def fx_node_flops(fx_node: fx.Node) -> float:
+    """FLOPs of an FX node's op on its (size-hinted) argument and result values (``aten_flops``).  Kept in
+    the node's meta with the argument tuples it was counted on: a graph's DAG is built more than once per
+    compile (before and after bucketing, then from Inductor's scheduler nodes, whose origins are these nodes),
+    and a node whose arguments were rewired since is counted again."""
+    args, kwargs = fx_node.args, fx_node.kwargs
+    cached = fx_node.meta.get(_FLOPS_META)
+    if cached is not None and cached[0] is args and cached[1] is kwargs:
+        return cached[2]
+    flops = aten_flops(fx_node.target, size_hinted(fx_values(args)), size_hinted(fx_values(kwargs)),
+                       size_hinted(fx_node.meta.get("val")))
+    fx_node.meta[_FLOPS_META] = (args, kwargs, flops)
+    return flops
 
 
 def fx_values(obj: Any) -> Any:

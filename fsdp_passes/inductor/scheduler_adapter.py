@@ -167,8 +167,8 @@ def _wrapped_ops(origin: Any) -> list[Any]:
 
 def _origin_flops(snode: Any) -> float:
     """FLOPs of one (unfused) scheduler node's origin op, see ``_flops``."""
-    from ..dag.flops import aten_flops, has_flop_formula
-    from ..dag.from_fx import fx_values, size_hinted
+    from ..dag.flops import has_flop_formula
+    from ..dag.from_fx import fx_node_flops
 
     origin = None
     try:
@@ -186,8 +186,7 @@ def _origin_flops(snode: Any) -> float:
     ops = _wrapped_ops(origin)
     if all(has_flop_formula(op.target) for op in ops):
         try:
-            return float(sum(aten_flops(op.target, size_hinted(fx_values(op.args)), size_hinted(fx_values(op.kwargs)),
-                                        size_hinted(op.meta.get("val"))) for op in ops))
+            return float(sum(fx_node_flops(op) for op in ops))
         except Exception:  # fall back to Inductor's count below
             pass
     try:
