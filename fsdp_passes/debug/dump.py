@@ -25,12 +25,13 @@ Writing a dump never breaks a compile: a failure is a warning.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import warnings
 import weakref
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..dag.graph import Dag
 from ..pipeline.report import GraphReport
@@ -205,17 +206,23 @@ def log_move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after
         log.debug("fsdp_passes moved %s", line)
 
 
-def emit_artifacts(summary: dict, schedule_before: str, schedule_after: str) -> None:
-    """Structured-trace (tlparse) artifacts ``fsdp_passes_<graph>_{summary,schedule_before,schedule_after}``."""
+def emit_artifacts(summary: dict, schedule_before: str | Callable[[], str],
+                   schedule_after: str | Callable[[], str]) -> None:
+    """Structured-trace (tlparse) artifacts ``fsdp_passes_<graph>_{summary,schedule_before,schedule_after}``.
+    The schedules may be given as functions that make them: called only when structured tracing is on."""
     try:
         from torch._logging import trace_structured
     except ImportError:  # pragma: no cover - torch without structured logging
         return
     graph = summary.get("graph", "graph")
+
+    def text(schedule: str | Callable[[], str]) -> Callable[[], str]:
+        return schedule if callable(schedule) else lambda: schedule
+
     items = (
         ("summary", "json", lambda: json.dumps(summary, default=str)),
-        ("schedule_before", "string", lambda: schedule_before),
-        ("schedule_after", "string", lambda: schedule_after),
+        ("schedule_before", "string", text(schedule_before)),
+        ("schedule_after", "string", text(schedule_after)),
     )
     for what, encoding, payload in items:
         trace_structured(
@@ -251,11 +258,12 @@ def write_scheduler_dump(
                          simulate(dag, after_order, durations, overlap))
         tb, ta = timelines
         summary = build_summary(report, timelines, dag, fx_report)
-        before_txt = schedule_table(dag, before_order, durations, tb,
-                                    title=f"graph {report.graph}: schedule before the pass")
-        after_txt = schedule_table(dag, after_order, durations, ta, was=before_order,
-                                   title=f"graph {report.graph}: schedule after the pass "
-                                         "(was: position before the pass)")
+        # the tables are made only for a reader: the dump folder, or structured tracing (tlparse)
+        before_txt = functools.cache(lambda: schedule_table(
+            dag, before_order, durations, tb, title=f"graph {report.graph}: schedule before the pass"))
+        after_txt = functools.cache(lambda: schedule_table(
+            dag, after_order, durations, ta, was=before_order,
+            title=f"graph {report.graph}: schedule after the pass (was: position before the pass)"))
         if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
             summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
         emit_artifacts(summary, before_txt, after_txt)
@@ -264,8 +272,8 @@ def write_scheduler_dump(
         folder = graph_dir(debug_dir, report.graph)
         os.makedirs(folder, exist_ok=True)
         files = list(DUMP_FILES)
-        _write_text(os.path.join(folder, "schedule_before.txt"), before_txt)
-        _write_text(os.path.join(folder, "schedule_after.txt"), after_txt)
+        _write_text(os.path.join(folder, "schedule_before.txt"), before_txt())
+        _write_text(os.path.join(folder, "schedule_after.txt"), after_txt())
         _write_json(os.path.join(folder, "buckets.json"), _buckets_of(fx_report))
         # what the dump was priced with: ``simulate`` re-uses both unless told otherwise
         meta = {"cluster": report.options.get("cluster"), "world_size": _world_size(dag), "options": report.options}
