@@ -3,7 +3,8 @@ training numerics against the unsharded tied model in one process, eager and com
 
 The tied weight is one ``nn.Parameter`` for both owners, sharded once (67 rows: padded on rank 1); each owner
 gathers it where it reads it, and the two gradient contributions are summed before the optimizer sees them.
-A sharding that kept two copies, or dropped one contribution, trains a different model."""
+A sharding that kept two copies, or dropped one contribution, trains a different model.  The trained model
+goes through a torch.distributed.checkpoint save and load into a fresh tied model."""
 
 from __future__ import annotations
 
@@ -22,10 +23,10 @@ STEPS = 4
 GLOBAL_BATCH = 4
 
 
-def _tied_llama():
+def _tied_llama(seed: int = 0):
     from fsdp_passes.testing import build_llama
 
-    model = build_llama(**LLAMA, fsdp=False)
+    model = build_llama(**LLAMA, fsdp=False, seed=seed)
     model.output.weight = model.tok_embeddings.weight
     return model
 
@@ -43,7 +44,7 @@ def _batches(n_ranks: int, rank: int) -> list:
     return out
 
 
-def _train(model, fn, batches: list) -> None:
+def _train(model, fn, batches: list):
     import torch
     import torch.nn.functional as F
 
@@ -52,9 +53,34 @@ def _train(model, fn, batches: list) -> None:
         F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten()).backward()
         opt.step()
         opt.zero_grad()
+    return opt
 
 
-def _tied_run(rank: int, world_size: int) -> dict:
+def _checkpoint_round_trip(model, opt, folder: str) -> dict:
+    """Save ``model`` and ``opt`` with torch.distributed.checkpoint, load them into a fresh tied model with
+    other weights: the same parameters, still tied."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import fsdp_passes
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
+    fresh = fsdp_passes.data_parallel(_tied_llama(seed=1))
+    fresh_opt = _train(fresh, fresh, _batches(2, 0)[:1])  # optimizer state to load into
+    model_sd, optim_sd = get_state_dict(fresh, fresh_opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(fresh, fresh_opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return {
+        "equal": all(torch.equal(p.full_tensor(), q.full_tensor())
+                     for p, q in zip(model.parameters(), fresh.parameters())),
+        "tied": fresh.output._parameters["weight"] is fresh.tok_embeddings._parameters["weight"],
+    }
+
+
+def _tied_run(rank: int, world_size: int, folder: str) -> dict:
     import torch
 
     import fsdp_passes
@@ -70,7 +96,8 @@ def _tied_run(rank: int, world_size: int) -> dict:
         if compiled:
             fsdp_passes.enable(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
         try:
-            _train(model, torch.compile(model, fullgraph=True) if compiled else model, _batches(world_size, rank))
+            opt = _train(model, torch.compile(model, fullgraph=True) if compiled else model,
+                         _batches(world_size, rank))
             if compiled:
                 fsdp_passes.verify_rank_consistency()
         finally:
@@ -84,11 +111,12 @@ def _tied_run(rank: int, world_size: int) -> dict:
             "fallbacks": [r.fallback for r in fsdp_passes.last_reports() if r.fallback],
             "graphs": len(fsdp_passes.last_reports()),
         }
+    out["checkpoint"] = _checkpoint_round_trip(model, opt, folder)
     return out
 
 
-def test_a_tied_parameter_trains_like_the_unsharded_tied_model():
-    results = run_on_gloo(2, _tied_run, timeout=900)
+def test_a_tied_parameter_trains_like_the_unsharded_tied_model(tmp_path):
+    results = run_on_gloo(2, _tied_run, str(tmp_path / "checkpoint"), timeout=900)
     for rank, res in enumerate(results):
         for name in ("eager", "compiled"):
             got = res[name]
@@ -96,3 +124,4 @@ def test_a_tied_parameter_trains_like_the_unsharded_tied_model():
             assert got["tied"], (rank, name)
             assert got["max_rel"] <= 1e-5, (rank, name, got["max_rel"])
         assert res["compiled"]["graphs"] >= 2 and not res["compiled"]["fallbacks"], (rank, res["compiled"])
+        assert res["checkpoint"] == {"equal": True, "tied": True}, (rank, res["checkpoint"])
