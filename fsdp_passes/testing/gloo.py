@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
+import os
 import queue
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import traceback
 from datetime import timedelta
@@ -30,7 +34,10 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world_size: int, port: int, timeout: float, fn: Callable[..., Any], args: tuple,
-               results: Any) -> None:
+               results: Any, fault_path: str) -> None:
+    # a crash (abort, segfault) leaves no Python traceback in the result queue: the interpreter writes the
+    # threads' stacks here instead, for the parent's failure report (the file stays open until the process ends)
+    faulthandler.enable(file=open(fault_path, "w"), all_threads=True)
     import torch
     import torch.distributed as dist
 
@@ -61,7 +68,21 @@ def _exit_text(code: int | None) -> str:
     return "is still running" if code is None else f"exited with code {code}"
 
 
-def _other_ranks(procs: list, failed: int, out: dict[int, Any], results: Any, wait_s: float = 5.0) -> str:
+def _crash_text(procs: list, rank: int, fault_dir: str, max_lines: int = 40) -> str:
+    """How rank ``rank``'s process ended, with the stacks the interpreter wrote when it crashed."""
+    text = f"{_exit_text(procs[rank].exitcode)} without a result"
+    try:
+        with open(os.path.join(fault_dir, f"rank{rank}.txt")) as f:
+            stacks = f.read().strip().splitlines()
+    except OSError:
+        stacks = []
+    if stacks:
+        text += f" (its stacks, last {min(max_lines, len(stacks))} lines:\n  " + "\n  ".join(stacks[-max_lines:]) + ")"
+    return text
+
+
+def _other_ranks(procs: list, failed: int, out: dict[int, Any], results: Any, fault_dir: str,
+                 wait_s: float = 5.0) -> str:
     """What the other ranks did, read within ``wait_s`` of one rank's failure: a rank's error often follows
     from another's (a peer that crashed resets the connection), and a crash leaves no traceback of its own."""
     errors: dict[int, str] = {}
@@ -85,7 +106,7 @@ def _other_ranks(procs: list, failed: int, out: dict[int, Any], results: Any, wa
         if r in errors:
             lines.append(f"rank {r} raised: {errors[r]}")
         else:
-            lines.append(f"rank {r} {_exit_text(procs[r].exitcode)} without a result")
+            lines.append(f"rank {r} {_crash_text(procs, r, fault_dir)}")
     return "\nother ranks: " + "; ".join(lines) if lines else ""
 
 
@@ -104,8 +125,10 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
+    fault_dir = tempfile.mkdtemp(prefix="run_on_gloo_")
     procs = [
-        ctx.Process(target=_rank_main, args=(r, world_size, port, timeout, fn, args, results),
+        ctx.Process(target=_rank_main, args=(r, world_size, port, timeout, fn, args, results,
+                                             os.path.join(fault_dir, f"rank{r}.txt")),
                     name=f"gloo-rank-{r}")
         for r in range(world_size)
     ]
@@ -124,11 +147,11 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
             except queue.Empty:
                 dead = [r for r, p in enumerate(procs) if r not in out and not p.is_alive() and p.exitcode != 0]
                 if dead:
-                    raise RankFailed(dead[0], f"process {_exit_text(procs[dead[0]].exitcode)} without a result"
-                                     + _other_ranks(procs, dead[0], out, results))
+                    raise RankFailed(dead[0], f"process {_crash_text(procs, dead[0], fault_dir)}"
+                                     + _other_ranks(procs, dead[0], out, results, fault_dir))
                 continue
             if not ok:
-                raise RankFailed(rank, value + _other_ranks(procs, rank, out, results))
+                raise RankFailed(rank, value + _other_ranks(procs, rank, out, results, fault_dir))
             out[rank] = value
     finally:
         for p in procs:
@@ -138,4 +161,5 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
                 p.terminate()
                 p.join(timeout=5)
         results.close()
+        shutil.rmtree(fault_dir, ignore_errors=True)
     return [out[r] for r in range(world_size)]

@@ -248,3 +248,6 @@ def test_run_on_gloo_names_a_crashed_peer():
         run_on_gloo(2, _abort_on_rank_0_then_wait, timeout=60)
     assert "SIGABRT" in str(info.value)
     assert "rank 0" in str(info.value)
+    # and where it crashed: the interpreter's stacks of the crashed rank, down to the function that aborted
+    assert "Fatal Python error: Aborted" in str(info.value)
+    assert "_abort_on_rank_0_then_wait" in str(info.value)
