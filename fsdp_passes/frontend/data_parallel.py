@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
@@ -30,6 +29,9 @@ from ._gather import gather_full
 __all__ = ["data_parallel", "MixedPrecisionPolicy", "FSDPParam", "sharded_params", "MODES"]
 
 MODES = ("fully_shard", "hybrid_shard", "replicate")
+
+#: attribute set on a parameter that ``data_parallel`` replaced: the ``_ShardedParam`` that replaced it
+_REPLACED_BY = "_fsdp_passes_sharded_as"
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,8 @@ class _ShardedParam:
     parameter viewing its real rows."""
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
-                 grad_scale: float, replaced: nn.Parameter) -> None:
+                 grad_scale: float) -> None:
         self.info = info
-        # the parameter this one replaced: a tied parameter's other owners still hold it until a later call on an
-        # ancestor converts them (weak: otherwise it is freed)
-        self.replaced = weakref.ref(replaced)
         self.mesh = mesh
         self.placements = placements
         self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
@@ -94,8 +93,9 @@ class _ShardedParam:
         """The gathered parameter, read as ``owner.<name>`` (a tied parameter has several owners)."""
         if owner._parameters[name] is not self.param:
             raise RuntimeError(
-                f"data_parallel: parameter {self.info.fqn} was replaced after sharding (assignment or "
-                f"load_state_dict(assign=True)); copy values into it in place instead (param.copy_ / load_state_dict)"
+                f"data_parallel: parameter {self.info.fqn} was replaced after sharding "
+                f"({type(owner).__name__}.{name}: assignment or load_state_dict(assign=True)); copy values into it "
+                f"in place instead (param.copy_ / load_state_dict)"
             )
         return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward, self.gather_args)
 
@@ -290,17 +290,11 @@ def data_parallel(
     divide = gradient_divide_factor if gradient_divide_factor is not None else float(mesh.size())
     param_dtype = mp_policy.param_dtype
 
-    # per parameter (by identity): its state, so that another owner of a tied parameter shares it; those made by
-    # earlier calls are found through their DTensor parameter and through the parameter they replaced
-    owned: dict[int, _ShardedParam] = {}
-    for mod in model.modules():
-        for state in (getattr(mod, "_fsdp_shards", None) or {}).values():
-            owned[id(state.param)] = state
-            original = state.replaced()
-            if original is not None:
-                owned[id(original)] = state
-    seen: set[int] = set()
-    replaced: list[nn.Parameter] = []  # kept alive to the end, so that no new object reuses their ids
+    # another owner of a tied parameter finds its state on the parameter it still holds (``_REPLACED_BY``), or,
+    # holding the converted parameter, through the owners converted so far
+    converted = {id(state.param): state for mod in model.modules()
+                 for state in (getattr(mod, "_fsdp_shards", None) or {}).values()}
+    named: set[int] = set()  # states named in this call: after the first owner in ``named_modules`` order
     for mod_fqn, mod in model.named_modules():
         states: dict[str, _ShardedParam] = getattr(mod, "_fsdp_shards", None) or {}
         new_names = []
@@ -310,14 +304,13 @@ def data_parallel(
             fqn = f"{mod_fqn}.{name}" if mod_fqn else name
             if id(p) in ignored:
                 continue
-            first = id(p) not in seen
-            seen.add(id(p))
             if name in states:  # sharded by an earlier call on this module or a descendant: keep its settings
-                if first:  # named after its first owner (a tied parameter's other owners share the state)
-                    states[name].info = _with_fqn(states[name].info, fqn, mod_fqn)
+                _name_after_first_owner(states[name], fqn, mod_fqn, named)
                 continue
-            if id(p) in owned:  # another owner of a tied parameter: read the same state
-                states[name] = owned[id(p)]
+            state = getattr(p, _REPLACED_BY, None) or converted.get(id(p))
+            if state is not None:  # another owner of a tied parameter: read the same state
+                _name_after_first_owner(state, fqn, mod_fqn, named)
+                states[name] = state
                 new_names.append(name)
                 continue
             if isinstance(p, DTensor):
@@ -328,10 +321,9 @@ def data_parallel(
                 raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
                                  f"0-dimensional; mode={mode!r} shards dim 0 (use mode='replicate' or "
                                  f"ignored_params)")
-            states[name] = owned[id(p)] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups,
-                                                 param_dtype, mp_policy.reduce_dtype,
-                                                 reshard_after_forward and sharded, 1.0 / divide)
-            replaced.append(p)
+            states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
+                                  mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide)
+            named.add(id(states[name]))
             new_names.append(name)
         if new_names:
             for name in new_names:
@@ -348,6 +340,14 @@ def data_parallel(
         if getattr(type(model), "_fsdp_cast_class", None) is not type(model):
             model.__class__ = _cast_class(type(model))
     return model
+
+
+def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, named: set[int]) -> None:
+    """Name ``state`` after this owner if it is the first of this call to reach it (a tied parameter's later
+    owners share the name: it is what the traced gather is tagged with)."""
+    if id(state) not in named:
+        named.add(id(state))
+        state.info = _with_fqn(state.info, fqn, module_fqn)
 
 
 def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
@@ -380,7 +380,11 @@ def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank:
         group_name=gather_group, world_size=world, reduce_scatter_group_name=rs_group if gather_group else None,
         replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
     )
-    return _ShardedParam(info, storage, mesh, placements, grad_scale, p)
+    state = _ShardedParam(info, storage, mesh, placements, grad_scale)
+    # on the parameter it replaces: a tied parameter's other owners still hold that one until a call that reaches
+    # them (on an ancestor, or on one of them) gives them this state
+    setattr(p, _REPLACED_BY, state)
+    return state
 
 
 def sharded_params(model: nn.Module) -> dict[str, FSDPParam]:

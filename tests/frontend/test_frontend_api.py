@@ -87,13 +87,14 @@ def test_errors_name_option_module_and_parameter(fake_pg):
     assert not isinstance(tied.output.weight, DTensor) and isinstance(tied.norm._parameters["weight"], DTensor)
 
 
-@pytest.mark.parametrize("nested", [False, True], ids=["one_call", "embedding_first"])
-def test_a_tied_parameter_is_sharded_once_and_shared_by_its_owners(fake_pg, nested):
+@pytest.mark.parametrize("earlier", [(), ("tok_embeddings",), ("output",), ("tok_embeddings", "output")],
+                         ids=["one_call", "embedding_first", "output_first", "owners_one_by_one"])
+def test_a_tied_parameter_is_sharded_once_and_shared_by_its_owners(fake_pg, earlier):
     tied = build_llama(**LLAMA, fsdp=False)
     tied.output.weight = tied.tok_embeddings.weight
     full = tied.output.weight.detach().clone()
-    if nested:  # the embedding converted by an earlier call, with its own settings
-        data_parallel(tied.tok_embeddings, reshard_after_forward=False)
+    for owner in earlier:  # converted by earlier calls, with their own settings
+        data_parallel(getattr(tied, owner), reshard_after_forward=False)
     data_parallel(tied)
     weight = tied.tok_embeddings._parameters["weight"]
     assert isinstance(weight, DTensor) and tied.output._parameters["weight"] is weight
@@ -102,11 +103,32 @@ def test_a_tied_parameter_is_sharded_once_and_shared_by_its_owners(fake_pg, nest
     assert "tok_embeddings.weight" in names and "output.weight" not in names
     infos = sharded_params(tied)
     assert "output.weight" not in infos and len(infos) == len(names)
-    assert infos["tok_embeddings.weight"].reshard_after_forward is (not nested)
+    # named after its first owner, as the traced gather is tagged, whichever owner was converted first
+    info = infos["tok_embeddings.weight"]
+    assert tied.output._fsdp_shards["weight"].info.fqn == "tok_embeddings.weight"
+    assert info.reshard_after_forward is (not earlier)
     # this rank's rows are the parameter's (the gloo test checks what the owners gather and train)
     assert torch.equal(weight.to_local(), full[:weight.to_local().shape[0]])
     sd = tied.state_dict()  # both names, one storage (as for a tied module without sharding)
     assert sd["output.weight"].to_local().data_ptr() == sd["tok_embeddings.weight"].to_local().data_ptr()
+
+
+def test_a_tied_parameter_survives_a_swapping_conversion(fake_pg):
+    # module conversions that swap parameters (torch.__future__'s flag; always for fake tensors) work on the
+    # converted owners and keep them tied (docs/frontend.md: convert after the last data_parallel call)
+    tied = build_llama(**LLAMA, fsdp=False)
+    tied.output.weight = tied.tok_embeddings.weight
+    data_parallel(tied.tok_embeddings)
+    data_parallel(tied)
+    previous = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        tied.to(torch.float64)
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(previous)
+    weight = tied.tok_embeddings._parameters["weight"]
+    assert tied.output._parameters["weight"] is weight and weight.dtype == torch.float64
+    assert weight.to_local().data_ptr() == tied.output._fsdp_shards["weight"].storage.data_ptr()
 
 
 def test_hybrid_needs_2d_mesh_and_fully_shard_1d(fake_pg):
