@@ -315,16 +315,17 @@ _FLOPS_META = "fsdp_passes_flops"
 
 def fx_node_flops(fx_node: fx.Node) -> float:
     """FLOPs of an FX node's op on its (size-hinted) argument and result values (``aten_flops``).  Kept in
-    the node's meta with the argument tuples it was counted on: a graph's DAG is built more than once per
-    compile (before and after bucketing, then from Inductor's scheduler nodes, whose origins are these nodes),
-    and a node whose arguments were rewired since is counted again."""
-    args, kwargs = fx_node.args, fx_node.kwargs
+    the node's meta with what it was counted on (op, argument tuples, result value, by identity): a graph's DAG
+    is built more than once per compile (before and after bucketing, then from Inductor's scheduler nodes,
+    whose origins are these nodes), and a node that was rewired, retargeted or given a new value since is
+    counted again."""
+    target, args, kwargs, value = fx_node.target, fx_node.args, fx_node.kwargs, fx_node.meta.get("val")
     cached = fx_node.meta.get(_FLOPS_META)
-    if cached is not None and cached[0] is args and cached[1] is kwargs:
-        return cached[2]
-    flops = aten_flops(fx_node.target, size_hinted(fx_values(args)), size_hinted(fx_values(kwargs)),
-                       size_hinted(fx_node.meta.get("val")))
-    fx_node.meta[_FLOPS_META] = (args, kwargs, flops)
+    if (cached is not None and cached[0] is target and cached[1] is args and cached[2] is kwargs
+            and cached[3] is value):
+        return cached[4]
+    flops = aten_flops(target, size_hinted(fx_values(args)), size_hinted(fx_values(kwargs)), size_hinted(value))
+    fx_node.meta[_FLOPS_META] = (target, args, kwargs, value, flops)
     return flops
 
 
