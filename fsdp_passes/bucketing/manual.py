@@ -27,7 +27,8 @@ import re
 from typing import Mapping, Sequence, Union
 
 from ..dag.graph import Dag, DagNode
-from .plan import Bucket, BucketPlanResult, bucket_key, bucketability, make_bucket, param_name, split_dependent
+from .plan import (Bucket, BucketPlanResult, CollectiveSurvey, bucket_key, make_bucket, param_name, split_dependent,
+                   surveyed)
 
 PlanEntry = Union[str, Sequence[str]]
 
@@ -178,8 +179,10 @@ def plan_manual(
     bucket_non_fsdp: bool = False,
     param_fqns: Mapping[str, str] | None = None,
     strict: bool = True,
+    survey: CollectiveSurvey | None = None,
 ) -> BucketPlanResult:
-    """Buckets from ``bucket_plan`` (see the module docstring).
+    """Buckets from ``bucket_plan`` (see the module docstring).  ``survey``: ``dag``'s collectives judged with
+    ``bucket_non_fsdp`` (``survey_collectives``), if the caller has them.
 
     An entry that matches no bucketable collective raises ``UnmatchedPlanEntry`` (a ``ValueError`` naming it)
     when ``strict``; otherwise it is listed in the result's ``unmatched_entries``.  Collectives no entry
@@ -187,11 +190,12 @@ def plan_manual(
     """
     entries = expand_plan(bucket_plan)
     match = _Matcher(entries)
-    collectives = dag.collectives()
+    survey = surveyed(dag, bucket_non_fsdp, survey)
+    collectives = survey.collectives
     unbucketed: dict[int, str] = {}
     claimed: list[list[int]] = [[] for _ in entries]
     for c in collectives:
-        why = bucketability(dag, c, bucket_non_fsdp=bucket_non_fsdp)
+        why = survey.unbucketed.get(c)
         if why:
             unbucketed[c] = why
             continue

@@ -174,7 +174,8 @@ def surveyed(dag: Dag, bucket_non_fsdp: bool, survey: CollectiveSurvey | None) -
     if survey is None:
         return survey_collectives(dag, bucket_non_fsdp=bucket_non_fsdp)
     if survey.dag is not dag or survey.bucket_non_fsdp != bucket_non_fsdp:
-        raise ValueError("the collective survey was taken of another DAG or with another bucket_non_fsdp")
+        raise ValueError("survey: taken of another DAG or with another bucket_non_fsdp; take it with "
+                         "survey_collectives(dag, bucket_non_fsdp=...) of the DAG being planned")
     return survey
 
 
@@ -381,11 +382,9 @@ def fsdp_payload_bytes(dag: Dag, collectives: Sequence[int] | None = None) -> in
     percentage ``memory_budget`` is a percentage of.  Parameter-sized, so the same on every rank whatever
     its local batch or sequence length; bucketing does not change it (a bucket moves its members' bytes).
     ``collectives``: ``dag.collectives()`` when the caller has it (a survey's), to read those nodes only."""
-    if collectives is not None:
-        nodes = dag.nodes
-        return sum(nodes[c].comm_bytes for c in collectives if nodes[c].fsdp)
-    collective = NodeKind.COLLECTIVE  # a local: reading an enum member off its class costs several times more
-    return sum(n.comm_bytes for n in dag.nodes if n.fsdp and n.kind is collective)
+    nodes = dag.nodes
+    return sum(nodes[c].comm_bytes for c in (dag.collectives() if collectives is None else collectives)
+               if nodes[c].fsdp)
 
 
 def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int | None = None

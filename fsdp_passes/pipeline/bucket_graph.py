@@ -155,7 +155,7 @@ def bucket_graph(
                                   survey=survey)
         plan = choice.plan
     else:
-        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns)
+        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, survey=survey)
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "

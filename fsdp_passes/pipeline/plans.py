@@ -6,7 +6,7 @@ from typing import Mapping
 
 from ..bucketing.auto import plan_auto
 from ..bucketing.manual import plan_manual
-from ..bucketing.plan import BucketPlanResult, break_cycles, survey_collectives
+from ..bucketing.plan import BucketPlanResult, CollectiveSurvey, break_cycles, surveyed
 from ..cost_model import CostModel
 from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag, NodeKind
@@ -23,6 +23,7 @@ def plan_bucketing(
     cost_model: CostModel | None = None,
     *,
     param_fqns: Mapping[str, str] | None = None,
+    survey: CollectiveSurvey | None = None,
 ) -> BucketPlanResult:
     """The plan ``options`` ask for, within the memory budget and acyclic (a bucket that would close a cycle
     is split).  Rank-invariant: it reads the collectives, the graph's structure, the options and the cluster
@@ -30,20 +31,21 @@ def plan_bucketing(
 
     ``auto`` is the greedy planner alone (``bucket_graph`` also weighs the other candidates of
     ``choice.choose_auto_plan``); a ``manual`` plan's buckets over the memory limit are split
-    (``trim_to_budget``).
+    (``trim_to_budget``).  ``survey``: ``dag``'s collectives judged with ``options.bucket_non_fsdp``
+    (``bucketing.plan.survey_collectives``), if the caller has them.
     """
     mode = options.bucketing
     if mode == "none":
         n = len(dag.collectives())
         return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
-    # judged once: the budget's block claim and the auto planner both read it
-    survey = survey_collectives(dag, bucket_non_fsdp=options.bucket_non_fsdp)
+    # judged once: the budget's block claim and the planner both read it
+    survey = surveyed(dag, options.bucket_non_fsdp, survey)
     budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
     if mode == "manual":
         if not options.bucket_plan:
             raise ValueError("fsdp_passes option bucket_plan is required when bucketing='manual'")
         plan = plan_manual(dag, options.bucket_plan, bucket_non_fsdp=options.bucket_non_fsdp,
-                           param_fqns=param_fqns, strict=options.strict)
+                           param_fqns=param_fqns, strict=options.strict, survey=survey)
         trim_to_budget(dag, plan, budget, strict=options.strict)
     elif mode == "auto":
         if cost_model is None:

@@ -409,3 +409,18 @@ def test_plan_auto_on_100k_nodes():
     plan = plan_auto(dag, cm, bucket_cap_mb=64, memory_budget_bytes=1 << 30)
     assert not plan_cycles(dag, plan.buckets)
     assert plan.n_collectives_after < plan.n_collectives_before
+
+
+def test_a_collective_survey_is_checked_against_its_dag_and_option(mlp_graphs):
+    from fsdp_passes.bucketing.plan import survey_collectives
+    from fsdp_passes.pipeline import plan_bucketing
+
+    fwd, bwd = (dag_from_fx(g.graph) for g in mlp_graphs[:2])
+    survey = survey_collectives(fwd)
+    options = Options(bucketing="auto", memory_budget="1GB", cluster="cpu-gloo")
+    # the plan made with the survey is the plan made without it (computed independently)
+    assert plan_bucketing(fwd, options, survey=survey).buckets == plan_bucketing(fwd, options).buckets
+    with pytest.raises(ValueError, match="survey: taken of another DAG or with another bucket_non_fsdp"):
+        plan_bucketing(bwd, options, survey=survey)
+    with pytest.raises(ValueError, match="survey: taken of another DAG or with another bucket_non_fsdp"):
+        plan_bucketing(fwd, options.replace(bucket_non_fsdp=True), survey=survey)
