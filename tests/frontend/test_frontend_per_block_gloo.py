@@ -80,6 +80,7 @@ def _per_block_run(rank: int, world_size: int) -> dict:
             "graphs": sorted((r.graph.split("_")[1], r.pass_name) for r in reports),
             "fallbacks": [r.fallback for r in reports if r.fallback],
             "merged": [r.n_collectives_before - r.n_collectives_after for r in reports if r.pass_name == "fx"],
+            "moved": [r.collectives_moved for r in reports if r.pass_name == "scheduler"],
         }
     planned, plain = out["with_passes"], out["without_passes"]
     planned["equal_to_compile_without_passes"] = all(
@@ -100,3 +101,4 @@ def test_blocks_compiled_one_by_one_train_like_the_unsharded_model():
         assert got["graphs"] == expected, (rank, got["graphs"])
         assert not got["fallbacks"], (rank, got["fallbacks"])
         assert all(m > 0 for m in got["merged"]), (rank, got["merged"])  # each block's collectives bucketed
+        assert all(m > 0 for m in got["moved"]), (rank, got["moved"])  # and reordered
