@@ -214,7 +214,8 @@ def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None,
     attribution: dict[str, dict[str, str | None]] = {}
     unattributed: dict[str, str] = {}
     fqns: dict[int, str | None] = {}
-    for c in surveyed(dag, bucket_non_fsdp, survey).keys:
+    survey = surveyed(dag, bucket_non_fsdp, survey)
+    for c in survey.keys:
         node = dag.nodes[c]
         param = param_name(node)
         if not param and param_fqns and node.param_fqn:
@@ -226,9 +227,9 @@ def attribute_collectives(dag: Dag, param_fqns: Mapping[str, str] | None = None,
                 "its input is not a chain of casts / views / gathers from a parameter Dynamo saw (or the pre-grad "
                 "pass did not run), and the node has no nn_module_stack / fwd_nn_module_stack / module_fqn meta")
     blocks: list[str] = []
-    keys = collective_blocks(dag, fqns)
+    block_of = collective_blocks(dag, fqns, survey.keys)
     for c in fqns:
-        key = keys[c]
+        key = block_of[c]
         parts = key.split(".") if key else []
         if key and len(parts) > 1 and parts[-1].isdigit() and key not in blocks:
             blocks.append(key)
