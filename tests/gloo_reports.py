@@ -26,6 +26,35 @@ def compiled_with(model, options: dict | None):
     return torch.compile(model)
 
 
+def token_batches(steps: int, global_batch: int, vocab: int, seq_len: int, seed: int, n_ranks: int = 1,
+                  rank: int = 0) -> list:
+    """``steps`` global batches of random (tokens, next tokens); this rank's slice of each when ``n_ranks`` > 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    per = global_batch // n_ranks
+    for _ in range(steps):
+        tokens = torch.randint(0, vocab, (global_batch, seq_len + 1), generator=g)
+        part = tokens[rank * per:(rank + 1) * per]
+        out.append((part[:, :-1], part[:, 1:]))
+    return out
+
+
+def train_adamw(model, fn, batches: list, weight_decay: float = 0.0):
+    """One AdamW step (lr 1e-2) per batch of ``token_batches`` on the cross entropy of ``fn(tokens)``; returns
+    the optimizer.  Parameters without a gradient (frozen) are left alone, as AdamW does."""
+    import torch
+    import torch.nn.functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=weight_decay)
+    for tokens, targets in batches:
+        F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
 def max_rel(got: dict, ref: dict) -> float:
     return max(((got[p] - g).norm() / g.norm().clamp_min(1e-30)).item() for p, g in ref.items())
 

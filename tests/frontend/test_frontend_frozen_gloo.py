@@ -11,7 +11,7 @@ from fsdp_passes.testing import run_on_gloo
 
 # the shared helpers live in tests/ (test modules are imported by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gloo_reports import fresh_compile_state, max_rel  # noqa: E402
+from gloo_reports import fresh_compile_state, max_rel, token_batches, train_adamw  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
@@ -33,27 +33,7 @@ def _model():
 
 
 def _batches(n_ranks: int, rank: int) -> list:
-    import torch
-
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, LLAMA["seq_len"] + 1), generator=g)
-        per = GLOBAL_BATCH // n_ranks
-        part = tokens[rank * per:(rank + 1) * per]
-        out.append((part[:, :-1], part[:, 1:]))
-    return out
-
-
-def _train(model, fn, batches: list) -> None:
-    import torch
-    import torch.nn.functional as F
-
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for tokens, targets in batches:
-        F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten()).backward()
-        opt.step()
-        opt.zero_grad()
+    return token_batches(STEPS, GLOBAL_BATCH, VOCAB, LLAMA["seq_len"], 3, n_ranks, rank)
 
 
 def _frozen_run(rank: int, world_size: int) -> dict:
@@ -63,7 +43,7 @@ def _frozen_run(rank: int, world_size: int) -> dict:
 
     reference = _model()
     initial = {n: p.detach().clone() for n, p in reference.named_parameters()}
-    _train(reference, reference, _batches(1, 0))
+    train_adamw(reference, reference, _batches(1, 0))
     ref = {n: p.detach() for n, p in reference.named_parameters()}
     out: dict = {"trainable": sorted(n for n, p in reference.named_parameters() if p.requires_grad)}
     for name, compiled in (("eager", False), ("compiled", True)):
@@ -73,7 +53,8 @@ def _frozen_run(rank: int, world_size: int) -> dict:
         if compiled:
             fsdp_passes.enable(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
         try:
-            _train(model, torch.compile(model, fullgraph=True) if compiled else model, _batches(world_size, rank))
+            train_adamw(model, torch.compile(model, fullgraph=True) if compiled else model,
+                        _batches(world_size, rank))
         finally:
             fsdp_passes.disable()
         got = {n: p.full_tensor().detach() for n, p in model.named_parameters()}

@@ -25,7 +25,7 @@ from fsdp_passes.testing import run_on_gloo
 
 # the shared helpers live in tests/ (test modules are imported by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gloo_reports import fresh_compile_state, max_rel  # noqa: E402
+from gloo_reports import fresh_compile_state, max_rel, token_batches  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
@@ -36,16 +36,7 @@ PASSES = dict(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
 
 def _batches(n_data_ranks: int, data_rank: int) -> list:
     """``STEPS`` global batches (token ids, targets); this rank's slice when ``n_data_ranks`` > 1."""
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    out = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, LLAMA["seq_len"] + 1), generator=g)
-        per = GLOBAL_BATCH // n_data_ranks
-        part = tokens[data_rank * per:(data_rank + 1) * per]
-        out.append((part[:, :-1], part[:, 1:]))
-    return out
+    return token_batches(STEPS, GLOBAL_BATCH, VOCAB, LLAMA["seq_len"], 7, n_data_ranks, data_rank)
 
 
 def _train(model, fn, batches: list) -> tuple[list, object]:

@@ -11,7 +11,7 @@ from fsdp_passes.testing import run_on_gloo
 
 # the shared helpers live in tests/ (test modules are imported by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gloo_reports import fresh_compile_state, max_rel  # noqa: E402
+from gloo_reports import fresh_compile_state, max_rel, token_batches, train_adamw  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=2, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
@@ -20,27 +20,7 @@ GLOBAL_BATCH = 4
 
 
 def _batches(n_ranks: int, rank: int) -> list:
-    import torch
-
-    g = torch.Generator().manual_seed(5)
-    out = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, LLAMA["seq_len"] + 1), generator=g)
-        per = GLOBAL_BATCH // n_ranks
-        part = tokens[rank * per:(rank + 1) * per]
-        out.append((part[:, :-1], part[:, 1:]))
-    return out
-
-
-def _train(model, batches: list) -> None:
-    import torch
-    import torch.nn.functional as F
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for tokens, targets in batches:
-        F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten()).backward()
-        opt.step()
-        opt.zero_grad()
+    return token_batches(STEPS, GLOBAL_BATCH, VOCAB, LLAMA["seq_len"], 5, n_ranks, rank)
 
 
 def _per_block_run(rank: int, world_size: int) -> dict:
@@ -50,7 +30,7 @@ def _per_block_run(rank: int, world_size: int) -> dict:
     from fsdp_passes.testing import build_llama
 
     reference = build_llama(**LLAMA, fsdp=False)
-    _train(reference, _batches(1, 0))
+    train_adamw(reference, reference, _batches(1, 0))
     ref = {n: p.detach() for n, p in reference.named_parameters()}
 
     out: dict = {}
@@ -66,7 +46,7 @@ def _per_block_run(rank: int, world_size: int) -> dict:
         try:
             for i, block in enumerate(model.layers):
                 model.layers.register_module(str(i), torch.compile(block, fullgraph=True))
-            _train(model, _batches(world_size, rank))
+            train_adamw(model, model, _batches(world_size, rank))
             if passes:
                 fsdp_passes.verify_rank_consistency()
         finally:

@@ -15,12 +15,16 @@ from fsdp_passes.testing import run_on_gloo
 
 # the shared helpers live in tests/ (test modules are imported by path, not as a package)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gloo_reports import fresh_compile_state, max_rel  # noqa: E402
+from gloo_reports import fresh_compile_state, max_rel, token_batches, train_adamw  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
 STEPS = 4
 GLOBAL_BATCH = 4
+
+
+def _batches(n_ranks: int, rank: int) -> list:
+    return token_batches(STEPS, GLOBAL_BATCH, VOCAB, LLAMA["seq_len"], 11, n_ranks, rank)
 
 
 def _tied_llama(seed: int = 0):
@@ -29,31 +33,6 @@ def _tied_llama(seed: int = 0):
     model = build_llama(**LLAMA, fsdp=False, seed=seed)
     model.output.weight = model.tok_embeddings.weight
     return model
-
-
-def _batches(n_ranks: int, rank: int) -> list:
-    import torch
-
-    g = torch.Generator().manual_seed(11)
-    out = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, VOCAB, (GLOBAL_BATCH, LLAMA["seq_len"] + 1), generator=g)
-        per = GLOBAL_BATCH // n_ranks
-        part = tokens[rank * per:(rank + 1) * per]
-        out.append((part[:, :-1], part[:, 1:]))
-    return out
-
-
-def _train(model, fn, batches: list):
-    import torch
-    import torch.nn.functional as F
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    for tokens, targets in batches:
-        F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten()).backward()
-        opt.step()
-        opt.zero_grad()
-    return opt
 
 
 def _checkpoint_round_trip(model, opt, folder: str) -> dict:
@@ -68,7 +47,7 @@ def _checkpoint_round_trip(model, opt, folder: str) -> dict:
     model_sd, optim_sd = get_state_dict(model, opt)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
     fresh = fsdp_passes.data_parallel(_tied_llama(seed=1))
-    fresh_opt = _train(fresh, fresh, _batches(2, 0)[:1])  # optimizer state to load into
+    fresh_opt = train_adamw(fresh, fresh, _batches(2, 0)[:1], weight_decay=0.1)  # optimizer state to load into
     model_sd, optim_sd = get_state_dict(fresh, fresh_opt)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=folder)
@@ -86,7 +65,7 @@ def _tied_run(rank: int, world_size: int, folder: str) -> dict:
     import fsdp_passes
 
     reference = _tied_llama()
-    _train(reference, reference, _batches(1, 0))
+    train_adamw(reference, reference, _batches(1, 0), weight_decay=0.1)
     ref = {n: p.detach() for n, p in reference.named_parameters()}
     out: dict = {"reference_names": sorted(ref)}
     for name, compiled in (("eager", False), ("compiled", True)):
@@ -96,8 +75,8 @@ def _tied_run(rank: int, world_size: int, folder: str) -> dict:
         if compiled:
             fsdp_passes.enable(bucketing="auto", reorder=True, memory_budget="50%", strict=True)
         try:
-            opt = _train(model, torch.compile(model, fullgraph=True) if compiled else model,
-                         _batches(world_size, rank))
+            opt = train_adamw(model, torch.compile(model, fullgraph=True) if compiled else model,
+                              _batches(world_size, rank), weight_decay=0.1)
             if compiled:
                 fsdp_passes.verify_rank_consistency()
         finally:
