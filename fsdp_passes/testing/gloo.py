@@ -68,16 +68,21 @@ def _exit_text(code: int | None) -> str:
     return "is still running" if code is None else f"exited with code {code}"
 
 
+def _fault_path(fault_dir: str, rank: int) -> str:
+    """Where rank ``rank`` writes its stacks if it crashes."""
+    return os.path.join(fault_dir, f"rank{rank}.txt")
+
+
 def _crash_text(procs: list, rank: int, fault_dir: str, max_lines: int = 40) -> str:
     """How rank ``rank``'s process ended, with the stacks the interpreter wrote when it crashed."""
     text = f"{_exit_text(procs[rank].exitcode)} without a result"
     try:
-        with open(os.path.join(fault_dir, f"rank{rank}.txt")) as f:
-            stacks = f.read().strip().splitlines()
+        with open(_fault_path(fault_dir, rank)) as f:
+            stacks = f.read().strip().splitlines()[-max_lines:]
     except OSError:
         stacks = []
     if stacks:
-        text += f" (its stacks, last {min(max_lines, len(stacks))} lines:\n  " + "\n  ".join(stacks[-max_lines:]) + ")"
+        text += f" (its stacks, last {len(stacks)} lines:\n  " + "\n  ".join(stacks) + ")"
     return text
 
 
@@ -128,7 +133,7 @@ def run_on_gloo(world_size: int, fn: Callable[..., Any], *args: Any, timeout: fl
     fault_dir = tempfile.mkdtemp(prefix="run_on_gloo_")
     procs = [
         ctx.Process(target=_rank_main, args=(r, world_size, port, timeout, fn, args, results,
-                                             os.path.join(fault_dir, f"rank{r}.txt")),
+                                             _fault_path(fault_dir, r)),
                     name=f"gloo-rank-{r}")
         for r in range(world_size)
     ]
