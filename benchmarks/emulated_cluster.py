@@ -207,14 +207,25 @@ def requirements_missing() -> str | None:
 
 
 def launch(args: argparse.Namespace) -> int:
+    return run_two_ranks(args, name="emulated_cluster", script=Path(__file__), default_out=DEFAULT_OUT,
+                         summarize=summarize, print_table=print_table)
+
+
+def run_two_ranks(args: argparse.Namespace, *, name: str, script: Path, default_out: Path,
+                  summarize: Callable[[argparse.Namespace, list[dict]], dict],
+                  print_table: Callable[[dict], None]) -> int:
+    """A benchmark's launcher: the two namespaces, ``script --rank R`` in each (``rank_entry``), then the
+    summary of both ranks' results as a table and a JSON file (``args.out``, else ``default_out``).  The
+    namespaces and the work folder are removed on every exit path.  Returns the exit status (2: no root or
+    tools, 3: namespaces failed, 4: timeout, 5: a rank failed)."""
     why = requirements_missing()
     if why:
-        print(f"emulated_cluster: {why}", file=sys.stderr)
+        print(f"{name}: {why}", file=sys.stderr)
         return 2
-    out_path = Path(args.out) if args.out else DEFAULT_OUT
+    out_path = Path(args.out) if args.out else default_out
     cache_dir = args.cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/tmp/fsdp_passes_bench_inductor"
-    work = Path(tempfile.mkdtemp(prefix="emulated_cluster_"))
-    cluster = Cluster(args.prefix, args.rate)
+    work = Path(tempfile.mkdtemp(prefix=f"{name}_"))
+    cluster = Cluster(args.prefix, args.rate, script=script)
     load_start = os.getloadavg()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -227,23 +238,22 @@ def launch(args: argparse.Namespace) -> int:
         try:
             cluster.open()
         except RuntimeError as e:
-            print(f"emulated_cluster: cannot set up the namespaces: {e}", file=sys.stderr)
+            print(f"{name}: cannot set up the namespaces: {e}", file=sys.stderr)
             return 3
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1",
-                   OMP_NUM_THREADS="1", FSDP_PASSES_BENCH_NS_PREFIX=args.prefix)
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
         params = work / "params.json"
-        params.write_text(json.dumps(vars(args), default=str))
+        params.write_text(json.dumps({**vars(args), "work": str(work)}, default=str))
         logs = [work / f"rank{r}.log" for r in range(2)]
         results = [work / f"rank{r}.json" for r in range(2)]
         procs = [cluster.spawn(r, ["--rank", str(r), "--params-json", str(params), "--result-file",
                                    str(results[r])], env, logs[r]) for r in range(2)]
-        print(f"emulated_cluster: namespaces {', '.join(cluster.namespaces)}; link {args.rate} (tbf each way); "
+        print(f"{name}: namespaces {', '.join(cluster.namespaces)}; link {args.rate} (tbf each way); "
               f"logs in {work}", flush=True)
         deadline = time.monotonic() + args.timeout
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline:
-                print(f"emulated_cluster: ranks did not finish within {args.timeout:.0f} s", file=sys.stderr)
+                print(f"{name}: ranks did not finish within {args.timeout:.0f} s", file=sys.stderr)
                 _print_tail(logs)
                 return 4
             if any(p.poll() not in (None, 0) for p in procs):
@@ -252,12 +262,12 @@ def launch(args: argparse.Namespace) -> int:
             time.sleep(0.2)
         bad = [r for r, p in enumerate(procs) if p.poll() != 0 or not results[r].exists()]
         if bad:
-            print(f"emulated_cluster: rank(s) {bad} failed", file=sys.stderr)
+            print(f"{name}: rank(s) {bad} failed", file=sys.stderr)
             _print_tail(logs)
             return 5
         ranks = [json.loads(r.read_text()) for r in results]
         summary = summarize(args, ranks)
-        summary["command"] = " ".join(["python", "benchmarks/emulated_cluster.py", *sys.argv[1:]])
+        summary["command"] = " ".join(["python", f"benchmarks/{script.name}", *sys.argv[1:]])
         summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
         summary["git"] = _git_describe()
         summary["load_avg_start"], summary["load_avg_end"] = load_start, os.getloadavg()
@@ -392,6 +402,14 @@ def print_table(s: dict) -> None:
 # ==================================================================================================
 
 def rank_main(args: argparse.Namespace) -> int:
+    return rank_entry(args, ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "profiled_steps",
+                             "memory_budget", "rate", "reshard", "config_list"), _benchmark)
+
+
+def rank_entry(args: argparse.Namespace, keys: tuple[str, ...],
+               benchmark: Callable[[argparse.Namespace, int], dict]) -> int:
+    """One rank of ``run_two_ranks``: one compute thread, the launcher's ``keys`` read from its params file
+    into ``args``, the gloo group over the veth, ``benchmark(args, rank)``'s result written as JSON."""
     import torch
 
     torch.set_num_threads(1)
@@ -401,14 +419,12 @@ def rank_main(args: argparse.Namespace) -> int:
 
     inductor_config.compile_threads = 1
     params = json.loads(Path(args.params_json).read_text())
-    for key in ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "profiled_steps", "memory_budget",
-                "rate", "reshard"):
+    for key in keys:
         setattr(args, key, params[key])
-    args.config_list = params["config_list"]
-    rank = args.rank
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2, timeout=timedelta(seconds=900))
+    dist.init_process_group("gloo", init_method="env://", rank=args.rank, world_size=2,
+                            timeout=timedelta(seconds=900))
     try:
-        out = _benchmark(args, rank)
+        out = benchmark(args, args.rank)
         Path(args.result_file).write_text(json.dumps(out))
         dist.barrier()
     finally:

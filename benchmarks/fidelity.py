@@ -28,14 +28,9 @@ ranking; auto's choice is the measured fastest within 5 %; every collective size
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
-import os
-import shutil
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -87,70 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ==================================================================================================
 
 def launch(args: argparse.Namespace) -> int:
-    why = ec.requirements_missing()
-    if why:
-        print(f"fidelity: {why}", file=sys.stderr)
-        return 2
-    out_path = Path(args.out) if args.out else DEFAULT_OUT
-    cache_dir = args.cache_dir or os.environ.get("TORCHINDUCTOR_CACHE_DIR") or "/tmp/fsdp_passes_bench_inductor"
-    work = Path(tempfile.mkdtemp(prefix="fidelity_"))
-    cluster = ec.Cluster(args.prefix, args.rate, script=Path(__file__))
-    load_start = os.getloadavg()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    atexit.register(cluster.close)
-    try:
-        ec.remove_stale_namespaces(args.prefix)
-        try:
-            cluster.open()
-        except RuntimeError as e:
-            print(f"fidelity: cannot set up the namespaces: {e}", file=sys.stderr)
-            return 3
-        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-        params = work / "params.json"
-        params.write_text(json.dumps({**vars(args), "work": str(work)}, default=str))
-        logs = [work / f"rank{r}.log" for r in range(2)]
-        results = [work / f"rank{r}.json" for r in range(2)]
-        procs = [cluster.spawn(r, ["--rank", str(r), "--params-json", str(params), "--result-file",
-                                   str(results[r])], env, logs[r]) for r in range(2)]
-        print(f"fidelity: namespaces {', '.join(cluster.namespaces)}; link {args.rate}; logs in {work}", flush=True)
-        deadline = time.monotonic() + args.timeout
-        while any(p.poll() is None for p in procs):
-            if time.monotonic() > deadline:
-                print(f"fidelity: ranks did not finish within {args.timeout:.0f} s", file=sys.stderr)
-                ec._print_tail(logs)
-                return 4
-            if any(p.poll() not in (None, 0) for p in procs):
-                time.sleep(2)
-                break
-            time.sleep(0.2)
-        bad = [r for r, p in enumerate(procs) if p.poll() != 0 or not results[r].exists()]
-        if bad:
-            print(f"fidelity: rank(s) {bad} failed", file=sys.stderr)
-            ec._print_tail(logs)
-            return 5
-        ranks = [json.loads(r.read_text()) for r in results]
-        summary = summarize(args, ranks)
-        summary["command"] = " ".join(["python", "benchmarks/fidelity.py", *sys.argv[1:]])
-        summary["link"] = {"rate": args.rate, "qdisc": " ".join(cluster.tbf), "namespaces": "2 (veth pair)"}
-        summary["git"] = ec._git_describe()
-        summary["load_avg_start"], summary["load_avg_end"] = load_start, os.getloadavg()
-        print_table(summary)
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        out_path.write_text(json.dumps(summary, indent=2) + "\n")
-        print(f"wrote {out_path}")
-        return 0
-    finally:
-        for s in previous:
-            signal.signal(s, signal.SIG_IGN)
-        cluster.close()
-        for s, h in previous.items():
-            signal.signal(s, h)
-        shutil.rmtree(work, ignore_errors=True)
+    return ec.run_two_ranks(args, name="fidelity", script=Path(__file__), default_out=DEFAULT_OUT,
+                            summarize=summarize, print_table=print_table)
 
 
 def _ranking(values: dict[str, float]) -> list[str]:
@@ -209,27 +142,8 @@ def print_table(s: dict) -> None:
 # ==================================================================================================
 
 def rank_main(args: argparse.Namespace) -> int:
-    import torch
-
-    torch.set_num_threads(1)
-    import torch._inductor.config as inductor_config
-    import torch.distributed as dist
-    from datetime import timedelta
-
-    inductor_config.compile_threads = 1
-    params = json.loads(Path(args.params_json).read_text())
-    for key in ("layers", "dim", "hidden", "batch", "steps", "warmup", "sweep_iters", "memory_budget", "rate",
-                "sizes", "work", "smoke"):
-        setattr(args, key, params[key])
-    dist.init_process_group("gloo", init_method="env://", rank=args.rank, world_size=2,
-                            timeout=timedelta(seconds=900))
-    try:
-        out = _benchmark(args, args.rank)
-        Path(args.result_file).write_text(json.dumps(out))
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
+    return ec.rank_entry(args, ("layers", "dim", "hidden", "batch", "steps", "warmup", "sweep_iters", "memory_budget",
+                                "rate", "sizes", "work", "smoke"), _benchmark)
 
 
 def _sweep(args: argparse.Namespace, profile: Any) -> tuple[Any, list[dict]]:
