@@ -830,10 +830,13 @@ def _comm_only_step(full_model: Any, world: int, reshard: bool) -> Callable[[], 
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.rank is not None:
-        return rank_main(args)
-    return launch(args)
+    return dispatch(parse_args(argv), rank_main, launch)
+
+
+def dispatch(args: argparse.Namespace, rank_main: Callable[[argparse.Namespace], int],
+             launch: Callable[[argparse.Namespace], int]) -> int:
+    """A benchmark script is its own rank program: with ``--rank`` it runs one rank, else it launches both."""
+    return rank_main(args) if args.rank is not None else launch(args)
 
 
 if __name__ == "__main__":

@@ -284,10 +284,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.rank is not None:
-        return rank_main(args)
-    return launch(args)
+    return ec.dispatch(parse_args(argv), rank_main, launch)
 
 
 if __name__ == "__main__":

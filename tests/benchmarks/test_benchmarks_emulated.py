@@ -116,12 +116,14 @@ def test_balanced_batch_scales_the_probe_to_equal_times():
         choose(1024, 0.0, 1.0)
 
 
-def test_refuses_in_one_line_without_tools(tmp_path):
-    # an empty PATH hides ip and tc (and without root the first complaint is root)
+@pytest.mark.parametrize("script", ["emulated_cluster.py", "fidelity.py"])
+def test_refuses_in_one_line_without_tools(tmp_path, script):
+    # an empty PATH hides ip and tc (and without root the first complaint is root); both benchmarks share the
+    # launcher
     env = dict(os.environ, PATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path / "x.json")],
+    proc = subprocess.run([sys.executable, str(SCRIPT.parent / script), "--smoke", "--out", str(tmp_path / "x.json")],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode != 0
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("emulated_cluster: needs "), lines
+    assert len(lines) == 1 and lines[0].startswith(f"{script[:-3]}: needs "), lines
     assert not (tmp_path / "x.json").exists()
