@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import warnings
-import weakref
 from typing import Any, Callable, Sequence
 
 from ..dag.graph import Dag
@@ -59,8 +58,6 @@ SUMMARY_KEYS = (
 )
 DUMP_FILES = ("schedule_before.txt", "schedule_after.txt", "buckets.json", "dag.json", "dag.dot", "trace.json",
               "summary.json")
-
-_REASONS_LOGGED: "weakref.WeakValueDictionary[int, GraphReport]" = weakref.WeakValueDictionary()
 
 
 def graph_dir(debug_dir: str | os.PathLike[str], graph: str) -> str:
@@ -199,9 +196,9 @@ def move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after: Se
 
 def log_move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after: Sequence[int]) -> None:
     """DEBUG log, once per report: why each node moved (``report.extra["reasons"]``)."""
-    if id(report) in _REASONS_LOGGED or not log.isEnabledFor(logging.DEBUG):
+    if report.reasons_logged or not log.isEnabledFor(logging.DEBUG):
         return
-    _REASONS_LOGGED[id(report)] = report
+    report.reasons_logged = True
     for line in move_reasons(report, dag, before, after):
         log.debug("fsdp_passes moved %s", line)
 

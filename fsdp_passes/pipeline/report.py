@@ -31,6 +31,9 @@ class GraphReport:
     fallback: str | None = None  # why the original graph / order was kept, if it was
     options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # set once the DEBUG log has said why nodes moved (``debug.log_move_reasons``); not annotated, so not a
+    # dataclass field: kept out of to_json, == and repr
+    reasons_logged = False
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

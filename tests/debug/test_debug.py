@@ -18,6 +18,7 @@ from fsdp_passes.debug import (
     dag_to_json,
     graph_dir,
     load_dag_dump,
+    log_move_reasons,
     parse_schedule_table,
     read_dag_json,
     write_bucketing_dump,
@@ -322,6 +323,31 @@ def test_debug_log_says_why_nodes_moved(tmp_path, caplog):
     assert any("000_fwd: ag 3 -> 1: prefetched above x, y" in ln for ln in lines), lines
     # x and y moved down because the gather was hoisted above them
     assert any(" x 1 -> 2" in ln for ln in lines)
+
+
+def test_move_reasons_are_logged_once_per_report(caplog):
+    dag = toy_dag()
+    first = GraphReport(graph="000_fwd", pass_name="scheduler", extra={"reasons": {"ag": "prefetched"}})
+    second = GraphReport(graph="001_bwd", pass_name="scheduler")
+    # by hand from TOY_BEFORE -> TOY_AFTER: ag hoisted above x and y, ar and rs_wait swapped
+    moved = ["x 1 -> 2", "y 2 -> 3", "ar 8 -> 7", "rs_wait 7 -> 8"]
+    first_lines = ["000_fwd: ag 3 -> 1: prefetched"] + [f"000_fwd: {m}: moved by its dependencies" for m in moved]
+    second_lines = [f"001_bwd: {m}: moved by its dependencies" for m in ["ag 3 -> 1"] + moved]
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith("fsdp_passes moved ")]
+
+    with caplog.at_level(logging.INFO, logger="fsdp_passes"):
+        log_move_reasons(first, dag, TOY_BEFORE, TOY_AFTER)
+    assert logged() == []  # without DEBUG nothing is said, and nothing is marked as said
+    with caplog.at_level(logging.DEBUG, logger="fsdp_passes"):
+        for _ in range(2):
+            log_move_reasons(first, dag, TOY_BEFORE, TOY_AFTER)
+            log_move_reasons(second, dag, TOY_BEFORE, TOY_AFTER)
+    assert logged() == [f"fsdp_passes moved {line}" for line in first_lines + second_lines]
+    # the mark is no part of the report's numbers
+    assert "reasons_logged" not in first.to_json()
+    assert first == GraphReport(graph="000_fwd", pass_name="scheduler", extra={"reasons": {"ag": "prefetched"}})
 
 
 def test_no_debug_dir_writes_nothing_but_still_emits(tmp_path):
