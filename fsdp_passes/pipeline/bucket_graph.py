@@ -137,7 +137,8 @@ def bucket_graph(
         from ..cost_model import CostModel
 
         cost_model = CostModel.from_options(options.cluster, options.calibration)
-    # each collective judged once, for the budget, the planners and the attribution
+    # each collective judged once, for the budget, the planners and the attribution; the budget computed once,
+    # for the planners, the re-gathers' room and the report
     survey = survey_collectives(dag, bucket_non_fsdp=options.bucket_non_fsdp)
     budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
     # the kernels of the graph as it is, predicted once for auto's score and the report (and before the rewrite
@@ -155,7 +156,7 @@ def bucket_graph(
                                   survey=survey)
         plan = choice.plan
     else:
-        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, survey=survey)
+        plan = plan_bucketing(dag, options, cost_model, param_fqns=param_fqns, survey=survey, budget=budget)
     if plan.unmatched_entries:
         warnings.warn(
             f"fsdp_passes: bucket_plan entries {describe_entries(plan.unmatched_entries)} matched no "

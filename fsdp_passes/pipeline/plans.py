@@ -11,7 +11,7 @@ from ..cost_model import CostModel
 from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag, NodeKind
 from ..options import Options
-from .budget import fit_to_budget, graph_memory_budget, trim_to_budget
+from .budget import MemoryBudget, fit_to_budget, graph_memory_budget, trim_to_budget
 
 __all__ = ["plan_bucketing"]
 
@@ -24,6 +24,7 @@ def plan_bucketing(
     *,
     param_fqns: Mapping[str, str] | None = None,
     survey: CollectiveSurvey | None = None,
+    budget: MemoryBudget | None = None,
 ) -> BucketPlanResult:
     """The plan ``options`` ask for, within the memory budget and acyclic (a bucket that would close a cycle
     is split).  Rank-invariant: it reads the collectives, the graph's structure, the options and the cluster
@@ -32,7 +33,8 @@ def plan_bucketing(
     ``auto`` is the greedy planner alone (``bucket_graph`` also weighs the other candidates of
     ``choice.choose_auto_plan``); a ``manual`` plan's buckets over the memory limit are split
     (``trim_to_budget``).  ``survey``: ``dag``'s collectives judged with ``options.bucket_non_fsdp``
-    (``bucketing.plan.survey_collectives``), if the caller has them.
+    (``bucketing.plan.survey_collectives``), if the caller has them; ``budget``: ``graph_memory_budget`` of
+    ``dag`` with these ``options`` and ``param_fqns``, if the caller has it.
     """
     mode = options.bucketing
     if mode == "none":
@@ -40,7 +42,8 @@ def plan_bucketing(
         return BucketPlanResult(buckets=[], unbucketed={}, n_collectives_before=n)
     # judged once: the budget's block claim and the planner both read it
     survey = surveyed(dag, options.bucket_non_fsdp, survey)
-    budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
+    if budget is None:
+        budget = graph_memory_budget(dag, options, param_fqns=param_fqns, survey=survey)
     if mode == "manual":
         if not options.bucket_plan:
             raise ValueError("fsdp_passes option bucket_plan is required when bucketing='manual'")

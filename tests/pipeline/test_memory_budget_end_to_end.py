@@ -147,6 +147,42 @@ def test_manual_plan_over_budget_is_split_with_a_warning(mlp_fx):
     assert r.n_collectives_after == 1
 
 
+def test_one_memory_budget_per_fx_pass(mlp_fx, monkeypatch):
+    """bucket_graph computes the graph's budget once and hands it to plan_bucketing; the plan is the one
+    plan_bucketing makes when it computes the budget itself."""
+    import importlib
+
+    from fsdp_passes.dag.from_fx import dag_from_fx
+    from fsdp_passes.pipeline import bucket_graph, plan_bucketing
+    from fsdp_passes.pipeline.budget import graph_memory_budget
+
+    # over the budget: the plan is trimmed, so it depends on the budget
+    options = Options(bucketing="manual", bucket_plan=[["layers"]], memory_budget="50%")
+    with pytest.warns(UserWarning, match="bucket_plan buckets"):
+        alone = plan_bucketing(dag_from_fx(copy.deepcopy(mlp_fx.forward).graph), options)
+    assert 1 < alone.n_collectives_after < alone.n_collectives_before
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return graph_memory_budget(*args, **kwargs)
+
+    for module in ("fsdp_passes.pipeline.bucket_graph", "fsdp_passes.pipeline.plans"):  # where it is looked up
+        monkeypatch.setattr(importlib.import_module(module), "graph_memory_budget", counted)
+    with pytest.warns(UserWarning, match="bucket_plan buckets"):
+        r = bucket_graph(copy.deepcopy(mlp_fx.forward), options)
+    assert len(calls) == 1
+    assert r.buckets == alone.buckets
+    # handed a budget, plan_bucketing computes none
+    dag = dag_from_fx(copy.deepcopy(mlp_fx.forward).graph)
+    given = graph_memory_budget(dag, options)
+    calls.clear()
+    with pytest.warns(UserWarning, match="bucket_plan buckets"):
+        assert plan_bucketing(dag, options, budget=given).buckets == alone.buckets
+    assert calls == []
+
+
 def test_manual_plan_over_budget_raises_when_strict(mlp_fx):
     from fsdp_passes.pipeline import bucket_graph
     from fsdp_passes.pipeline.budget import BucketOverBudget
