@@ -29,13 +29,13 @@ import functools
 import json
 import logging
 import os
-import warnings
 from typing import Any, Callable, Sequence
 
 from ..dag.graph import Dag
 from ..pipeline.report import GraphReport
 from ..simulate import OverlapCosts, Timeline, chrome_trace, simulate
 from .dag_json import dag_to_json
+from .warn import warn_and_log
 from .plot import can_plot, matplotlib_missing_note
 from .tables import schedule_table
 
@@ -301,5 +301,4 @@ def write_scheduler_dump(
 
 def _dump_failed(graph: str, exc: BaseException) -> None:
     message = f"fsdp_passes: could not write the debug dump of graph {graph}: {type(exc).__name__}: {exc}"
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
-    log.warning(message)
+    warn_and_log(message, RuntimeWarning, stacklevel=3)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Callable, TypeVar
 
 from ..dag.from_fx import UnplannableGraph
+from ..debug.warn import warn_and_log
 from ..options import Options
 
 log = logging.getLogger("fsdp_passes")
@@ -39,7 +39,5 @@ def run_guarded(pass_name: str, options: Options, fn: Callable[[], T], fallback:
         message = f"fsdp_passes {pass_name} pass failed, graph left as it was: {reason}"
         if options.strict:
             raise FsdpPassError(message) from exc
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-        if log.hasHandlers():  # without logging configured, logging's last resort would print it a second time
-            log.warning(message)
+        warn_and_log(message, RuntimeWarning)
         return fallback(reason)

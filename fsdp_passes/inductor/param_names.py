@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from ..dag.from_fx import normalize_module_path
+from ..debug.warn import warn_and_log
 
 log = logging.getLogger("fsdp_passes")
 
@@ -135,8 +135,7 @@ NO_COLLECTIVE_MESSAGE = (
 
 @functools.lru_cache(maxsize=1)
 def _warn_no_collective_once() -> None:
-    warnings.warn(NO_COLLECTIVE_MESSAGE, UserWarning, stacklevel=3)
-    log.warning(NO_COLLECTIVE_MESSAGE)
+    warn_and_log(NO_COLLECTIVE_MESSAGE, UserWarning, stacklevel=3)
 
 
 class ParamNamesPass(CustomGraphPass):
