@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "print what the passes did. Needs no GPU and no cluster.",
     )
     demo.add_argument("--layers", type=int, default=4, help="transformer layers (default 4)")
-    demo.add_argument("--dim", type=int, default=256, help="model width; a multiple of the world size (default 256)")
+    demo.add_argument("--dim", type=int, default=256, help="model width; a multiple of the heads (4 below 256, else dim / 64) (default 256)")
     demo.add_argument("--seq-len", type=int, default=256, help="sequence length (default 256)")
     demo.add_argument("--world-size", type=int, default=8, help="ranks of the fake process group (default 8)")
     demo.add_argument("--cluster", default="h100-nvlink",

@@ -74,11 +74,6 @@ class DemoConfig:
         kw = self.model_kwargs()
         if self.dim < 8 or self.dim % kw["n_heads"]:
             raise ValueError(f"--dim {self.dim}: expected a multiple of {kw['n_heads']}, at least 8")
-        if self.dim % self.world_size:
-            raise ValueError(
-                f"--dim {self.dim}: must be divisible by the world size {self.world_size} "
-                "(parameters are sharded along dim 0 without padding)"
-            )
 
 
 BASELINE_DIR = "baseline"  # sub-folder of the dump folder: the same step compiled without any pass
