@@ -224,6 +224,8 @@ def _validate(o: Options) -> None:
         _fail("max_prefetch", o.max_prefetch, "an integer >= 1 or None")
     if o.debug_dir is not None and not isinstance(o.debug_dir, (str, os.PathLike)):
         _fail("debug_dir", o.debug_dir, "a folder path or None")
+    if o.debug_dir is not None and os.path.exists(o.debug_dir) and not os.path.isdir(o.debug_dir):
+        _fail("debug_dir", o.debug_dir, "a folder path or None (this path is a file)")
 
 
 def _parse_env_value(name: str, text: str) -> Any:

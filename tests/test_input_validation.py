@@ -81,6 +81,9 @@ BAD_OPTIONS = [
     ({"strict": 1}, ["strict", "True or False"]),
     ({"bucket_non_fsdp": None}, ["bucket_non_fsdp", "True or False"]),
     ({"debug_dir": 3}, ["debug_dir", "3"]),
+    ({"debug_dir": __file__}, ["debug_dir", __file__, "is a file"]),  # a dump folder under a file: refused now
+    ({"cluster": "H100-NVLINK"}, ["cluster", "did you mean h100-nvlink?"]),
+    ({"cluster": "/no/such/profile.json"}, ["cluster", "/no/such/profile.json", "no such file"]),
     ({"cluster": {"base": "h100-nvlink", "gpus_per_node": -1}}, ["cluster", "gpus_per_node"]),
     # plan patterns are parsed when given (the same parser as the bucketing pass)
     ({"bucketing": "manual", "bucket_plan": ["layers.[3-1]"]}, ["bucket_plan", "'layers.[3-1]'", "empty", PLAN_SYNTAX]),

@@ -34,6 +34,7 @@ Conventions (see each shipped JSON's ``description`` for its sources):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import json
 import math
@@ -187,9 +188,14 @@ def _load_shipped(name: str) -> ClusterProfile:
 
 
 def _unknown_name(name: str) -> ValueError:
+    if name.endswith(".json") or os.sep in name:  # meant as a file
+        return ValueError(f"cluster profile file {name}: no such file")
+    names = available_profiles()
+    close = difflib.get_close_matches(name.lower(), names, n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]}?)" if close else ""
     return ValueError(
-        f"unknown cluster profile {name!r}: expected one of {', '.join(available_profiles())} "
-        "(or a mapping of profile values)"
+        f"unknown cluster profile {name!r}{hint}: expected one of {', '.join(names)} "
+        "(or a profile JSON file, or a mapping of profile values)"
     )
 
 
