@@ -252,6 +252,9 @@ def _parse_env_value(name: str, text: str) -> Any:
                                 else "a JSON list of module FQN patterns")) from None
     if name == "cluster":
         return text
+    if name == "bucket_plan":
+        raise ValueError(f"environment variable {key}={text!r} is not valid: expected a JSON list of module FQN "
+                         "patterns, e.g. '[\"layers.[0-3]\"]'")
     try:
         return json.loads(text)
     except json.JSONDecodeError:

@@ -188,6 +188,8 @@ BAD_ENV = [
      ["FSDP_PASSES_BUCKET_PLAN", "layers.[3-1]", PLAN_SYNTAX]),
     ({"FSDP_PASSES_BUCKETING": "manual", "FSDP_PASSES_BUCKET_PLAN": '["layers.0"'},
      ["FSDP_PASSES_BUCKET_PLAN", "JSON"]),
+    ({"FSDP_PASSES_BUCKETING": "manual", "FSDP_PASSES_BUCKET_PLAN": "layers.0"},  # a bare pattern, not a list
+     ["FSDP_PASSES_BUCKET_PLAN", "'layers.0'", "a JSON list"]),
     ({"FSDP_PASSES_BUCKETING": "manual"}, ["bucket_plan", "FSDP_PASSES_BUCKETING='manual'"]),
 ]
 
