@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .. import last_reports
-from ..debug.tables import summary_table, totals
+from ..debug.tables import format_bytes, summary_table, totals
 from .common import prog_name, say as _say
 from .report import print_report
 
@@ -227,7 +227,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     dumps = load_dumps(result.out)
     if result.baseline is not None:
         _say("")
-        _say(_headline(load_dumps(result.baseline), dumps))
+        baseline = load_dumps(result.baseline)
+        _say(_headline(baseline, dumps))
+        for line in _peaks_per_graph(baseline, dumps):
+            _say(line)
     _say("")
     files = dumps[0].summary.get("files") if dumps else None
     _say(f"dumps: {result.out}/<graph>/ ({', '.join(files or ['summary.json'])})")
@@ -240,6 +243,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if result.baseline is not None:
         _say(f"graph by graph against no passes: {prog_name()} report {result.baseline} {result.out}")
     return 0
+
+
+def _peaks_per_graph(baseline: list, passes: list) -> list[str]:
+    """Each graph's peak without any pass -> with the passes, against the budget the passes had: the headline's
+    peak is the largest graph's, which can hide a graph whose peak rose within its budget."""
+    lines = ["peak memory per graph, without any pass -> with the passes (the rise is bounded by memory_budget):"]
+    for b, p in zip(baseline, passes):
+        before, after = b.summary["peak_memory_bytes_after"], p.summary["peak_memory_bytes_after"]
+        budget = (p.summary.get("extra") or {}).get("memory_budget_total_bytes")
+        rise = ("unchanged" if after == before else
+                f"+{format_bytes(after - before)}" if after > before else f"-{format_bytes(before - after)}")
+        of = f" of a {format_bytes(budget)} budget" if budget is not None and after != before else ""
+        lines.append(f"  {p.summary['graph']}: {format_bytes(before)} -> {format_bytes(after)} ({rise}{of})")
+    return lines
 
 
 def _headline(baseline: list, passes: list) -> str:

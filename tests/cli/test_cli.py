@@ -123,6 +123,13 @@ def test_demo_headline_is_against_the_step_without_passes(demo_dirs):
         dump = read_dag_json(d.file("dag.json"))
         assert dump.after == dump.before
         assert d.summary["options"]["bucketing"] == "none" and d.summary["options"]["reorder"] is False
+    # each graph's peak, without any pass -> with the passes, from the two dump folders
+    from fsdp_passes.debug.tables import format_bytes
+
+    for b, p in zip(baseline, load_dumps(auto_folder)):
+        line = next(ln for ln in auto_text.splitlines() if ln.strip().startswith(p.summary["graph"] + ": "))
+        assert f"{format_bytes(b.summary['peak_memory_bytes_after'])} -> " \
+               f"{format_bytes(p.summary['peak_memory_bytes_after'])}" in line, line
     dags = [read_dag_json(d.file("dag.json")) for d in baseline]
     step_ms = sum(simulate(x.dag, x.before, x.durations, x.overlap).makespan for x in dags)
     assert auto["makespan ms"][0] == none["makespan ms"][0] == f"{step_ms:.3f}"
