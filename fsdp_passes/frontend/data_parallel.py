@@ -265,6 +265,8 @@ def data_parallel(
     Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
     already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode.
     """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
     ignored = {id(p) for p in ignored_params or ()}

@@ -62,6 +62,8 @@ def test_eager_backward_fills_param_grad_and_accumulates(fake_pg):
 
 
 def test_errors_name_option_module_and_parameter(fake_pg):
+    with pytest.raises(ValueError, match="model=NoneType; expected an nn.Module"):
+        data_parallel(None)
     with pytest.raises(ValueError, match="mode='zero3'.*fully_shard, hybrid_shard, replicate"):
         data_parallel(nn.Linear(4, 4), mode="zero3")
     with pytest.raises(ValueError, match="reshard_after_forward=2"):
