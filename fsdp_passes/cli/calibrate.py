@@ -15,6 +15,7 @@ from typing import Sequence
 
 from ..cost_model.calibrate import DEFAULT_OPS, DEFAULT_SIZES, calibrate, float_dtype
 from ..dag.graph import CollectiveOp
+from .common import say
 
 __all__ = ["add_arguments", "main", "parse_size", "run"]
 
@@ -68,12 +69,19 @@ def _free_port() -> int:
 def _measure_and_write(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
+    rank0 = dist.get_rank() == 0
+    sizes = args.sizes or DEFAULT_SIZES
+    if rank0:
+        say(f"calibrate: {len(args.ops)} collective(s) x {len(sizes)} size(s) on {dist.get_world_size()} "
+            f"{dist.get_backend()} rank(s), {args.warmup} + {args.iters} iterations each (rank 0's medians below; "
+            f"the table keeps the slowest rank's)")
     cal = calibrate(
-        sizes=args.sizes or DEFAULT_SIZES,
+        sizes=sizes,
         iters=args.iters,
         warmup=args.warmup,
         ops=[CollectiveOp(o) for o in args.ops],
         dtype=args.dtype,
+        progress=(lambda line: say(f"calibrate: {line}")) if rank0 else None,
     )
     if dist.get_rank() == 0:
         cal.save(args.out)
@@ -109,17 +117,14 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    try:
-        if args.trace:
-            from ..cost_model import calibrate_from_trace
+    # a bad value raises ValueError before anything is spawned: the command line reports it as one line
+    if args.trace:
+        from ..cost_model import calibrate_from_trace
 
-            calibrate_from_trace(args.trace).save(args.out)
-            print(f"calibrate: wrote {args.out} from {args.trace}")
-            return 0
-        _validate_args(args)
-    except ValueError as exc:
-        print(f"calibrate: {exc}", file=sys.stderr)
-        return 2
+        calibrate_from_trace(args.trace).save(args.out)
+        say(f"calibrate: wrote {args.out} from {args.trace}")
+        return 0
+    _validate_args(args)
     if dist.is_available() and dist.is_initialized():
         _measure_and_write(args)
     elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
@@ -140,15 +145,16 @@ def run(args: argparse.Namespace) -> int:
         # which may live in a __main__ module the spawned processes cannot import
         settings = argparse.Namespace(**{k: getattr(args, k) for k in ("out", "sizes", "iters", "warmup", "ops", "dtype")})
         mp.spawn(_spawned_rank, args=(args.world_size, _free_port(), settings), nprocs=args.world_size, join=True)
-    print(f"calibrate: wrote {args.out}")
+    say(f"calibrate: wrote {args.out}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m fsdp_passes.cli.calibrate``)."""
-    parser = argparse.ArgumentParser(prog="fsdp_passes calibrate", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+    """Standalone entry (``python -m fsdp_passes.cli.calibrate``): the ``calibrate`` command of the command
+    line, with its one-line errors."""
+    from . import main as cli_main
+
+    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

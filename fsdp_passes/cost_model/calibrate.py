@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
@@ -37,6 +37,7 @@ def calibrate(
     ops: Sequence[CollectiveOp] = DEFAULT_OPS,
     dtype: str = "float32",
     group=None,
+    progress: Optional[Callable[[str], None]] = None,
 ) -> Calibration:
     """Time each op at each size on ``group`` (default: the world) and return the agreed table.
 
@@ -44,6 +45,8 @@ def calibrate(
     synchronise on GPUs); the per-size value is the median of ``iters`` samples after ``warmup`` runs,
     then MAX-reduced over ranks.  Sizes are full payloads (gathered / pre-scatter / buffer), rounded down
     to a whole number of elements per rank.  Collective only: every rank of ``group`` must call it.
+    ``progress``, when given, is called with one line per point measured (this rank's median, before the
+    ranks agree on the slowest), so that a sweep of minutes is not silent.
     """
     import torch
     import torch.distributed as dist
@@ -99,6 +102,9 @@ def calibrate(
                 sync()
                 samples.append((time.perf_counter() - t0) * 1e3)
             measured.append((op, full * itemsize, statistics.median(samples)))
+            if progress is not None:
+                progress(f"{op.value} {full * itemsize} B: {measured[-1][2]:.4g} ms "
+                         f"({len(measured)}/{len(ops) * len(sizes)})")
     # every rank must write the same table: take the slowest rank's median for each point
     agreed = torch.tensor([ms for _, _, ms in measured], dtype=torch.float64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)

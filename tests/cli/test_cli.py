@@ -71,6 +71,11 @@ def test_calibrate_as_a_module_spawns_ranks(tmp_path):
     proc = run_cli("calibrate", "--out", str(out), "--sizes", "4K", "16K", "--iters", "2", "--warmup", "1",
                    "--ops", "all_reduce", "--world-size", "2")
     assert proc.returncode == 0, proc.stderr
+    # it says what it measures, then one line per point as it goes (a default sweep takes tens of seconds)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("calibrate: 1 collective(s) x 2 size(s) on 2 gloo rank(s)"), proc.stdout
+    assert [line.split(":")[1].strip() for line in lines[1:3]] == ["all_reduce 4096 B", "all_reduce 16384 B"]
+    assert lines[-1] == f"calibrate: wrote {out}"
     data = json.loads(out.read_text())
     assert data["meta"]["world_size"] == 2 and data["meta"]["backend"] == "gloo"
     (entry,) = data["collectives"]

@@ -9,7 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from fsdp_passes.cost_model import Calibration, CostModel
-from fsdp_passes.cli.calibrate import add_arguments, parse_size, run
+from fsdp_passes.cli import main as cli_main
+from fsdp_passes.cli.calibrate import add_arguments, main as calibrate_main, parse_size, run
 from fsdp_passes.cost_model.calibrate import calibrate
 from fsdp_passes.dag.graph import CollectiveOp
 
@@ -31,11 +32,17 @@ def test_parse_size_and_arguments():
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
 
 
-def test_run_rejects_bad_arguments(tmp_path, capsys):
-    assert run(_parse(["--out", str(tmp_path / "c.json"), "--iters", "0"])) == 2
-    assert "--iters" in capsys.readouterr().err
-    assert run(_parse(["--out", str(tmp_path / "c.json"), "--world-size", "1"])) == 2
-    assert run(_parse(["--out", str(tmp_path / "c.json"), "--dtype", "int64"])) == 2
+@pytest.mark.parametrize("argv, needle", [(["--iters", "0"], "--iters 0"), (["--world-size", "1"], "--world-size 1"),
+                                          (["--dtype", "int64"], "--dtype 'int64'")])
+def test_bad_arguments_are_one_line_errors_before_anything_runs(tmp_path, capsys, argv, needle):
+    out = str(tmp_path / "c.json")
+    with pytest.raises(ValueError, match=needle):
+        run(_parse(["--out", out, *argv]))
+    # the command line (and the module's own entry) report it like every other command: one line, code 2
+    for entry in (cli_main, calibrate_main):
+        assert entry(["calibrate", "--out", out, *argv] if entry is cli_main else ["--out", out, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("python -m fsdp_passes calibrate: error: ") and needle in err[0]
     assert not (tmp_path / "c.json").exists()
 
 
@@ -43,8 +50,15 @@ def test_calibrate_inside_an_existing_process_group(tmp_path):
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
-        cal = calibrate(sizes=[4096, 65536], iters=2, warmup=1, ops=[CollectiveOp.ALL_REDUCE])
-        assert [b for b, _ in cal.points(CollectiveOp.ALL_REDUCE, 1)] == [4096, 65536]
+        lines = []
+        cal = calibrate(sizes=[4096, 65536], iters=2, warmup=1, ops=[CollectiveOp.ALL_REDUCE], progress=lines.append)
+        points = cal.points(CollectiveOp.ALL_REDUCE, 1)
+        assert [b for b, _ in points] == [4096, 65536]
+        # one progress line per point, with the median the table holds (one rank: nothing to agree on)
+        assert [line.split(":")[0] for line in lines] == ["all_reduce 4096 B", "all_reduce 65536 B"]
+        assert lines[1].endswith("(2/2)")
+        assert [float(line.split(": ")[1].split(" ms")[0]) for line in lines] == pytest.approx(
+            [ms for _, ms in points], rel=1e-3, abs=1e-6)
         out = tmp_path / "one.json"
         assert run(_parse(["--out", str(out), "--sizes", "4K", "--iters", "2", "--ops", "all_gather"])) == 0
         assert Calibration.load(out).points(CollectiveOp.ALL_GATHER, 1)
