@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -214,7 +214,7 @@ def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: 
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise ValueError(f"data_parallel: mp_policy={mp_policy!r}; expected a MixedPrecisionPolicy")
     if not isinstance(reshard_after_forward, bool):
-        raise ValueError(f"data_parallel: reshard_after_forward={reshard_after_forward!r}; allowed: True, False")
+        raise ValueError(f"data_parallel: reshard_after_forward={reshard_after_forward!r}; allowed: True, False (an int, fully_shard's resharding to a smaller group, is not supported)")
     if not (reduce_scatter_group is None or reduce_scatter_group == "separate"
             or isinstance(reduce_scatter_group, dist.ProcessGroup)):
         raise ValueError(f"data_parallel: reduce_scatter_group={reduce_scatter_group!r}; allowed: None, "
@@ -223,6 +223,33 @@ def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: 
             isinstance(gradient_divide_factor, (int, float)) and gradient_divide_factor > 0):
         raise ValueError(f"data_parallel: gradient_divide_factor={gradient_divide_factor!r}; expected None or a "
                          f"positive number")
+
+
+def _check_fsdp2_only(model: nn.Module, mode: str, offload_policy: Any, shard_placement_fn: Any,
+                      ignored: set[int]) -> None:
+    """``fully_shard`` arguments accepted for what this frontend does anyway (no offload, dim-0 shards), checked
+    before any parameter is converted."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+    if offload_policy is not None and (type(offload_policy) is not OffloadPolicy
+                                       or isinstance(offload_policy, CPUOffloadPolicy)):
+        what = ("CPU offload is not supported: parameters, gradients and optimizer state stay on the mesh's device"
+                if isinstance(offload_policy, CPUOffloadPolicy) else "expected None or OffloadPolicy()")
+        raise ValueError(f"data_parallel: offload_policy={offload_policy!r}; {what}")
+    if shard_placement_fn is None:
+        return
+    if not callable(shard_placement_fn):
+        raise ValueError(f"data_parallel: shard_placement_fn={shard_placement_fn!r}; expected None or a function "
+                         f"of a parameter returning None or Shard(0)")
+    if mode == "replicate":
+        raise ValueError("data_parallel: shard_placement_fn is given but mode='replicate' shards nothing")
+    for fqn, p in model.named_parameters():  # once per parameter, tied ones included
+        if id(p) in ignored or isinstance(p, DTensor):
+            continue
+        placement = shard_placement_fn(p)
+        if placement is not None and placement != Shard(0):
+            raise ValueError(f"data_parallel: shard_placement_fn returned {placement!r} for parameter {fqn}; only "
+                             f"None or Shard(0) is supported (every parameter is sharded on dim 0)")
 
 
 def data_parallel(
@@ -235,6 +262,8 @@ def data_parallel(
     reduce_scatter_group: Union[None, str, dist.ProcessGroup] = None,
     gradient_divide_factor: Optional[float] = None,
     ignored_params: Optional[Iterable[nn.Parameter]] = None,
+    offload_policy: Any = None,
+    shard_placement_fn: Optional[Callable[[nn.Parameter], Optional[Shard]]] = None,
 ) -> nn.Module:
     """Shard ``model``'s parameters over ``mesh`` in place (data parallel) and return ``model``.
 
@@ -256,6 +285,9 @@ def data_parallel(
     gradient_divide_factor: gradients are summed over ranks and divided by this (default: the number of
         data-parallel ranks, i.e. averaged, as ``fully_shard`` does; ``1.0`` sums).
     ignored_params: parameters left as they are (not sharded, not reduced).
+    offload_policy / shard_placement_fn: ``fully_shard``'s, so that its calls carry over: ``None`` or
+        ``OffloadPolicy()`` (no offload; ``CPUOffloadPolicy`` is not supported), and a function that returns
+        ``None`` or ``Shard(0)`` for every parameter (other dims are not supported).
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
@@ -270,6 +302,7 @@ def data_parallel(
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
     ignored = {id(p) for p in ignored_params or ()}
+    _check_fsdp2_only(model, mode, offload_policy, shard_placement_fn, ignored)
 
     shard_dim = mesh.ndim - 1
     sharded = mode != "replicate"

@@ -89,6 +89,31 @@ def test_errors_name_option_module_and_parameter(fake_pg):
     assert not isinstance(tied.output.weight, DTensor) and isinstance(tied.norm._parameters["weight"], DTensor)
 
 
+def test_fully_shard_calls_carry_over_with_offload_policy_and_shard_placement_fn(fake_pg):
+    """``fully_shard``'s offload_policy / shard_placement_fn: their no-op values are accepted (a call ported from
+    FSDP2 runs unchanged); what this frontend does not do is a ValueError before any parameter is converted."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+    from torch.distributed.tensor import Shard
+
+    model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+    data_parallel(model, offload_policy=OffloadPolicy(), shard_placement_fn=lambda p: Shard(0) if p.dim() > 1 else None)
+    assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for _, p in model.named_parameters())
+
+    cases = [
+        (dict(offload_policy=CPUOffloadPolicy()), r"offload_policy=CPUOffloadPolicy.*CPU offload is not supported"),
+        (dict(offload_policy="cpu"), r"offload_policy='cpu'; expected None or OffloadPolicy\(\)"),
+        (dict(shard_placement_fn=lambda p: Shard(1) if p.dim() > 1 else None),
+         r"shard_placement_fn returned Shard\(dim=1\) for parameter 0.weight; only None or Shard\(0\)"),
+        (dict(shard_placement_fn=Shard(0)), r"shard_placement_fn=Shard\(dim=0\); expected None or a function"),
+        (dict(shard_placement_fn=lambda p: None, mode="replicate"), r"mode='replicate' shards nothing"),
+    ]
+    for kwargs, message in cases:
+        fresh = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+        with pytest.raises(ValueError, match=message):
+            data_parallel(fresh, **kwargs)
+        assert not any(isinstance(p, DTensor) for p in fresh.parameters())  # nothing converted
+
+
 @pytest.mark.parametrize("earlier", [(), ("tok_embeddings",), ("output",), ("tok_embeddings", "output")],
                          ids=["one_call", "embedding_first", "output_first", "owners_one_by_one"])
 def test_a_tied_parameter_is_sharded_once_and_shared_by_its_owners(fake_pg, earlier):
