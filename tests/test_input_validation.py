@@ -250,7 +250,34 @@ BAD_CALLS = [
      lambda: fsdp_passes.reorder_scheduler_nodes([], Options(), memory_budget="lots"), ["memory_budget"]),
     ("reorder_scheduler_nodes([], Options(), max_prefetch=0)",
      lambda: fsdp_passes.reorder_scheduler_nodes([], Options(), max_prefetch=0), ["max_prefetch"]),
+    # what is not a graph / DAG / node list is named at the call (it was an AttributeError from deep inside)
+    ("bucket_graph(None)", lambda: fsdp_passes.bucket_graph(None), ["graph=NoneType", "torch.fx.Graph"]),
+    ("reorder_scheduler_nodes(None)", lambda: fsdp_passes.reorder_scheduler_nodes(None),
+     ["nodes=NoneType", "scheduler nodes"]),
+    ("reorder_scheduler_nodes([1])", lambda: fsdp_passes.reorder_scheduler_nodes([1]),
+     ["nodes[0] is a int", "BaseSchedulerNode"]),
+    ("plan_order(None, [])", lambda: _plan_order()(None, [], memory_budget_bytes=0), ["dag=NoneType", "Dag"]),
+    ("plan_bucketing(None, Options())", lambda: _plan_bucketing()(None, Options()), ["dag=NoneType", "Dag"]),
+    ("plan_bucketing(dag, {})", lambda: _plan_bucketing()(_empty_dag(), {}), ["options=dict", "Options"]),
 ]
+
+
+def _plan_order():
+    from fsdp_passes.reordering import plan_order
+
+    return plan_order
+
+
+def _plan_bucketing():
+    from fsdp_passes.pipeline import plan_bucketing
+
+    return plan_bucketing
+
+
+def _empty_dag():
+    from fsdp_passes.dag import Dag
+
+    return Dag([], [])
 
 
 @pytest.mark.parametrize("label, call, words", BAD_CALLS, ids=[c[0] for c in BAD_CALLS])

@@ -130,6 +130,11 @@ def bucket_graph(
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
     ``options.strict``; otherwise they are reported in the result and warned about.
     """
+    if not isinstance(graph, (fx.Graph, fx.GraphModule)):
+        raise ValueError(f"bucket_graph: graph={type(graph).__name__}; expected a torch.fx.Graph or GraphModule "
+                         f"(a post-grad graph: see fsdp_passes.testing.capture_fx_graphs)")
+    if options is not None and not isinstance(options, Options):
+        raise ValueError(f"bucket_graph: options={type(options).__name__}; expected an fsdp_passes.Options or None")
     options = options or Options()
     g = graph.graph if isinstance(graph, fx.GraphModule) else graph
     dag = dag_from_fx(g)

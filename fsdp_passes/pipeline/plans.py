@@ -36,6 +36,10 @@ def plan_bucketing(
     (``bucketing.plan.survey_collectives``), if the caller has them; ``budget``: ``graph_memory_budget`` of
     ``dag`` with these ``options`` and ``param_fqns``, if the caller has it.
     """
+    if not isinstance(dag, Dag):
+        raise ValueError(f"plan_bucketing: dag={type(dag).__name__}; expected an fsdp_passes.dag.Dag")
+    if not isinstance(options, Options):
+        raise ValueError(f"plan_bucketing: options={type(options).__name__}; expected an fsdp_passes.Options")
     mode = options.bucketing
     if mode == "none":
         n = len(dag.collectives())

@@ -131,6 +131,8 @@ def plan_order(
     limit, and is never worse than the original order in simulated exposed communication or makespan (the
     original order is returned instead).
     """
+    if not isinstance(dag, Dag):
+        raise ValueError(f"plan_order: dag={type(dag).__name__}; expected an fsdp_passes.dag.Dag")
     if isinstance(memory_budget_bytes, bool):
         raise TypeError("memory_budget_bytes must be an int, not bool")
     try:
