@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 __version__ = "0.1.0"
 
-from .options import Options  # noqa: E402
+from .options import OptionError, Options  # noqa: E402
 from .pipeline.report import GraphReport  # noqa: E402
 
 if TYPE_CHECKING:
@@ -67,12 +67,26 @@ def enabled(options: Options | None = None, **kwargs: Any) -> Iterator[Options]:
             install(previous)
 
 
+#: the errors a caller may catch, by the module defining each (loaded on first use: the inductor ones import
+#: ``torch._inductor``, which ``import fsdp_passes`` does not)
+_ERRORS = {
+    "FsdpPassError": "inductor.guard",  # a pass failed under strict=True (the cause is chained)
+    "InvalidOrder": "inductor.scheduler_pass",  # a proposed order broke a dependency or a group's sequence
+    "BucketOverBudget": "pipeline.budget",  # a manual plan over the memory budget, under strict=True
+    "UnmatchedPlanEntry": "bucketing.manual",  # a bucket_plan entry matched nothing, under strict=True
+}
+
+
 def __getattr__(name: str) -> Any:
     # the frontend imports torch.distributed.tensor: loaded on first use only
     if name in ("data_parallel", "MixedPrecisionPolicy"):
         from . import frontend
 
         return getattr(frontend, name)
+    if name in _ERRORS:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_ERRORS[name]}", __name__), name)
     raise AttributeError(f"module 'fsdp_passes' has no attribute {name!r}")
 
 
@@ -159,9 +173,14 @@ def reorder_scheduler_nodes(nodes: Sequence[BaseSchedulerNode] | SchedulerCaptur
 
 
 __all__ = [
+    "BucketOverBudget",
+    "FsdpPassError",
     "GraphReport",
+    "InvalidOrder",
     "MixedPrecisionPolicy",
+    "OptionError",
     "Options",
+    "UnmatchedPlanEntry",
     "bucket_graph",
     "calibrate_from_trace",
     "data_parallel",
