@@ -9,7 +9,7 @@ the same collectives in the same order.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable, Iterator, Sequence
 
 from .gc_pause import collector_paused
@@ -47,7 +47,7 @@ class OutputBuffer:
     allocated: bool = True
 
 
-@dataclass
+@dataclass(slots=True)
 class DagNode:
     """One node of the DAG.
 
@@ -264,7 +264,7 @@ class Dag:
 
         g = nx.DiGraph()
         for i, node in enumerate(self.nodes):
-            g.add_node(i, **{k: v for k, v in vars(node).items() if k != "origin"})
+            g.add_node(i, **{f.name: getattr(node, f.name) for f in fields(node) if f.name != "origin"})
         g.add_edges_from(self.edges())
         return g
 
