@@ -255,7 +255,7 @@ BAD_CALLS = [
     ("reorder_scheduler_nodes(None)", lambda: fsdp_passes.reorder_scheduler_nodes(None),
      ["nodes=NoneType", "scheduler nodes"]),
     ("reorder_scheduler_nodes([1])", lambda: fsdp_passes.reorder_scheduler_nodes([1]),
-     ["nodes[0] is a int", "BaseSchedulerNode"]),
+     ["nodes[0] is of type int", "BaseSchedulerNode"]),
     ("plan_order(None, [])", lambda: _plan_order()(None, [], memory_budget_bytes=0), ["dag=NoneType", "Dag"]),
     ("plan_bucketing(None, Options())", lambda: _plan_bucketing()(None, Options()), ["dag=NoneType", "Dag"]),
     ("plan_bucketing(dag, {})", lambda: _plan_bucketing()(_empty_dag(), {}), ["options=dict", "Options"]),

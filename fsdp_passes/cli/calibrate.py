@@ -11,16 +11,19 @@ import argparse
 import os
 import socket
 import sys
-from typing import Sequence
 
 from ..cost_model.calibrate import DEFAULT_OPS, DEFAULT_SIZES, calibrate, float_dtype
 from ..dag.graph import CollectiveOp
 from .common import say
 
-__all__ = ["add_arguments", "main", "parse_size", "run"]
+__all__ = ["add_arguments", "parse_size", "run"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
           "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+class SizeError(argparse.ArgumentTypeError, ValueError):
+    """A ``--sizes`` entry that is not a size: argparse prints its message (it replaces a plain ValueError's)."""
 
 
 def parse_size(text: str) -> int:
@@ -33,7 +36,7 @@ def parse_size(text: str) -> int:
     except ValueError:
         value = -1.0
     if unit not in _UNITS or value <= 0:
-        raise ValueError(f"--sizes entry {text!r} is not valid: expected a positive size like 65536, 64K or 1MiB")
+        raise SizeError(f"--sizes entry {text!r} is not valid: expected a positive size like 65536, 64K or 1MiB")
     return int(value * _UNITS[unit])
 
 
@@ -83,7 +86,7 @@ def _measure_and_write(args: argparse.Namespace) -> None:
         dtype=args.dtype,
         progress=(lambda line: say(f"calibrate: {line}")) if rank0 else None,
     )
-    if dist.get_rank() == 0:
+    if rank0:
         cal.save(args.out)
     dist.barrier()
 
@@ -147,15 +150,3 @@ def run(args: argparse.Namespace) -> int:
         mp.spawn(_spawned_rank, args=(args.world_size, _free_port(), settings), nprocs=args.world_size, join=True)
     say(f"calibrate: wrote {args.out}")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Standalone entry (``python -m fsdp_passes.cli.calibrate``): the ``calibrate`` command of the command
-    line, with its one-line errors."""
-    from . import main as cli_main
-
-    return cli_main(["calibrate", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

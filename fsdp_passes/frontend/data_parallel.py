@@ -213,8 +213,9 @@ def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: 
         raise ValueError(f"data_parallel: mode={mode!r} needs a {want}-D mesh, got a {mesh.ndim}-D mesh{hint}")
     if not isinstance(mp_policy, MixedPrecisionPolicy):
         raise ValueError(f"data_parallel: mp_policy={mp_policy!r}; expected a MixedPrecisionPolicy")
-    if not isinstance(reshard_after_forward, bool):
-        raise ValueError(f"data_parallel: reshard_after_forward={reshard_after_forward!r}; allowed: True, False (an int, fully_shard's resharding to a smaller group, is not supported)")
+    if not (reshard_after_forward is None or isinstance(reshard_after_forward, bool)):
+        raise ValueError(f"data_parallel: reshard_after_forward={reshard_after_forward!r}; allowed: True, False, None "
+                         f"(an int, fully_shard's resharding to a smaller group, is not supported)")
     if not (reduce_scatter_group is None or reduce_scatter_group == "separate"
             or isinstance(reduce_scatter_group, dist.ProcessGroup)):
         raise ValueError(f"data_parallel: reduce_scatter_group={reduce_scatter_group!r}; allowed: None, "
@@ -244,9 +245,12 @@ def _check_fsdp2_only(model: nn.Module, mode: str, offload_policy: Any, shard_pl
     if mode == "replicate":
         raise ValueError("data_parallel: shard_placement_fn is given but mode='replicate' shards nothing")
     for fqn, p in model.named_parameters():  # once per parameter, tied ones included
-        if id(p) in ignored or isinstance(p, DTensor):
+        # ignored, or sharded by an earlier call (a DTensor, or the original of a tied one): not placed here
+        if id(p) in ignored or isinstance(p, DTensor) or getattr(p, _REPLACED_BY, None) is not None:
             continue
         placement = shard_placement_fn(p)
+        if isinstance(placement, Shard) and placement.dim < 0:  # as fully_shard: counted from the last dim
+            placement = Shard(placement.dim + p.dim())
         if placement is not None and placement != Shard(0):
             raise ValueError(f"data_parallel: shard_placement_fn returned {placement!r} for parameter {fqn}; only "
                              f"None or Shard(0) is supported (every parameter is sharded on dim 0)")
@@ -258,7 +262,7 @@ def data_parallel(
     *,
     mode: str = "fully_shard",
     mp_policy: MixedPrecisionPolicy = MixedPrecisionPolicy(),
-    reshard_after_forward: bool = True,
+    reshard_after_forward: Optional[bool] = True,
     reduce_scatter_group: Union[None, str, dist.ProcessGroup] = None,
     gradient_divide_factor: Optional[float] = None,
     ignored_params: Optional[Iterable[nn.Parameter]] = None,
@@ -276,7 +280,9 @@ def data_parallel(
         inputs of ``model.forward`` are cast to ``param_dtype`` (``cast_forward_inputs``) and its outputs to
         ``output_dtype``.
     reshard_after_forward: free gathered parameters after forward and gather again in backward (selective
-        activation checkpointing recomputes gather, wait and casts); ``False`` keeps them for backward.  Call
+        activation checkpointing recomputes gather, wait and casts); ``False`` keeps them for backward; ``None``
+        (``fully_shard``'s default) is ``True`` here, for the root call too (``fully_shard`` keeps the root's
+        parameters: pass ``False`` on the root for that).  Call
         ``data_parallel`` on submodules first to give them other settings (as with ``fully_shard``); a later
         call on an ancestor leaves their parameters as they are.
     reduce_scatter_group: ``"separate"``: gradients are reduced on a new process group over the same ranks
@@ -301,6 +307,8 @@ def data_parallel(
         raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
+    if reshard_after_forward is None:  # fully_shard's default; which call is the root is not known here
+        reshard_after_forward = True
     ignored = {id(p) for p in ignored_params or ()}
     _check_fsdp2_only(model, mode, offload_policy, shard_placement_fn, ignored)
 

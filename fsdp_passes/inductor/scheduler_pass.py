@@ -40,11 +40,11 @@ def reorder_scheduler_nodes(
         nodes = list(nodes)
     except TypeError:
         raise ValueError(f"reorder_scheduler_nodes: nodes={type(nodes).__name__}; expected a sequence of Inductor "
-                         f"scheduler nodes (or a fsdp_passes.testing.SchedulerCapture)") from None
+                         f"scheduler nodes") from None
     for k, node in enumerate(nodes):
         if not isinstance(node, BaseSchedulerNode):
-            raise ValueError(f"reorder_scheduler_nodes: nodes[{k}] is a {type(node).__name__}; expected Inductor "
-                             f"scheduler nodes (BaseSchedulerNode)")
+            raise ValueError(f"reorder_scheduler_nodes: nodes[{k}] is of type {type(node).__name__}; expected "
+                             f"Inductor scheduler nodes (BaseSchedulerNode)")
     dag = dag_from_scheduler_nodes(nodes)
     cost_model = cost_model or CostModel.from_options(options.cluster, options.calibration)
     durations = cost_model.estimate(dag)

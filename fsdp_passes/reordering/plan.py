@@ -134,11 +134,11 @@ def plan_order(
     if not isinstance(dag, Dag):
         raise ValueError(f"plan_order: dag={type(dag).__name__}; expected an fsdp_passes.dag.Dag")
     if isinstance(memory_budget_bytes, bool):
-        raise TypeError("memory_budget_bytes must be an int, not bool")
+        raise ValueError("plan_order: memory_budget_bytes=bool; expected an int >= 0 (bytes)")
     try:
         memory_budget_bytes = operator.index(memory_budget_bytes)
     except TypeError:
-        raise TypeError(f"memory_budget_bytes must be an int, not {type(memory_budget_bytes).__name__}") from None
+        raise ValueError(f"plan_order: memory_budget_bytes={memory_budget_bytes!r}; expected an int >= 0 (bytes)") from None
     if memory_budget_bytes < 0:
         raise ValueError(f"memory_budget_bytes must be >= 0, got {memory_budget_bytes}")
     if max_prefetch is not None and (isinstance(max_prefetch, bool) or not isinstance(max_prefetch, int)

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from fsdp_passes.cost_model import Calibration, CostModel
 from fsdp_passes.cli import main as cli_main
-from fsdp_passes.cli.calibrate import add_arguments, main as calibrate_main, parse_size, run
+from fsdp_passes.cli.calibrate import add_arguments, parse_size, run
 from fsdp_passes.cost_model.calibrate import calibrate
 from fsdp_passes.dag.graph import CollectiveOp
 
@@ -21,12 +21,16 @@ def _parse(argv):
     return parser.parse_args(argv)
 
 
-def test_parse_size_and_arguments():
+def test_parse_size_and_arguments(capsys):
     assert parse_size("65536") == 65536
     assert parse_size("64K") == parse_size("64KiB") == 65536
     assert parse_size("1M") == 1 << 20
     with pytest.raises(ValueError, match="sizes"):
         parse_size("lots")
+    # on the command line argparse prints the message itself (a plain ValueError would read "invalid value")
+    with pytest.raises(SystemExit):
+        _parse(["--out", "x.json", "--sizes", "12Q"])
+    assert "--sizes entry '12Q' is not valid: expected a positive size" in capsys.readouterr().err
     args = _parse(["--out", "x.json", "--sizes", "4K", "1M", "--iters", "3"])
     assert args.sizes == [4096, 1 << 20] and args.iters == 3 and args.world_size == 2
     assert args.ops == ["all_gather", "reduce_scatter", "all_reduce"]
@@ -38,11 +42,10 @@ def test_bad_arguments_are_one_line_errors_before_anything_runs(tmp_path, capsys
     out = str(tmp_path / "c.json")
     with pytest.raises(ValueError, match=needle):
         run(_parse(["--out", out, *argv]))
-    # the command line (and the module's own entry) report it like every other command: one line, code 2
-    for entry in (cli_main, calibrate_main):
-        assert entry(["calibrate", "--out", out, *argv] if entry is cli_main else ["--out", out, *argv]) == 2
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("python -m fsdp_passes calibrate: error: ") and needle in err[0]
+    # the command line reports it like every other command's: one line, code 2
+    assert cli_main(["calibrate", "--out", out, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m fsdp_passes calibrate: error: ") and needle in err[0]
     assert not (tmp_path / "c.json").exists()
 
 

@@ -98,10 +98,17 @@ def test_fully_shard_calls_carry_over_with_offload_policy_and_shard_placement_fn
     model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
     data_parallel(model, offload_policy=OffloadPolicy(), shard_placement_fn=lambda p: Shard(0) if p.dim() > 1 else None)
     assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for _, p in model.named_parameters())
+    # a negative dim counts from the last, as in fully_shard: -ndim is dim 0; None is fully_shard's default
+    model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+    data_parallel(model, shard_placement_fn=lambda p: Shard(-p.dim()), reshard_after_forward=None)
+    assert all(isinstance(p, DTensor) and p.placements == (Shard(0),) for _, p in model.named_parameters())
+    assert all(state.info.reshard_after_forward for mod in model for state in mod._fsdp_shards.values())
 
     cases = [
         (dict(offload_policy=CPUOffloadPolicy()), r"offload_policy=CPUOffloadPolicy.*CPU offload is not supported"),
         (dict(offload_policy="cpu"), r"offload_policy='cpu'; expected None or OffloadPolicy\(\)"),
+        (dict(shard_placement_fn=lambda p: Shard(-1) if p.dim() > 1 else None),
+         r"shard_placement_fn returned Shard\(dim=1\) for parameter 0.weight"),
         (dict(shard_placement_fn=lambda p: Shard(1) if p.dim() > 1 else None),
          r"shard_placement_fn returned Shard\(dim=1\) for parameter 0.weight; only None or Shard\(0\)"),
         (dict(shard_placement_fn=Shard(0)), r"shard_placement_fn=Shard\(dim=0\); expected None or a function"),

@@ -323,8 +323,10 @@ def test_bad_arguments():
         plan_order(dag, b.durations, memory_budget_bytes=-1)
     with pytest.raises(ValueError):
         plan_order(dag, b.durations, memory_budget_bytes=0, max_prefetch=0)
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="memory_budget_bytes=1.5; expected an int"):
         plan_order(dag, b.durations, memory_budget_bytes=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="memory_budget_bytes=bool"):
+        plan_order(dag, b.durations, memory_budget_bytes=True)
 
 
 def test_deterministic_and_independent_of_edge_insertion_order():
