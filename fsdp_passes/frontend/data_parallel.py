@@ -232,8 +232,7 @@ def _check_fsdp2_only(model: nn.Module, mode: str, offload_policy: Any, shard_pl
     before any parameter is converted."""
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
-    if offload_policy is not None and (type(offload_policy) is not OffloadPolicy
-                                       or isinstance(offload_policy, CPUOffloadPolicy)):
+    if offload_policy is not None and type(offload_policy) is not OffloadPolicy:  # a subclass offloads
         what = ("CPU offload is not supported: parameters, gradients and optimizer state stay on the mesh's device"
                 if isinstance(offload_policy, CPUOffloadPolicy) else "expected None or OffloadPolicy()")
         raise ValueError(f"data_parallel: offload_policy={offload_policy!r}; {what}")
