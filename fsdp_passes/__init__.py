@@ -32,8 +32,9 @@ def enable(options: Options | None = None, **kwargs: Any) -> Options:
 
     Options come from ``options`` (an ``Options``) and/or keyword arguments (see ``Options``; keywords win),
     then ``FSDP_PASSES_<OPTION>`` environment variables override them.  A wrong value, an unknown keyword
-    or an unknown ``FSDP_PASSES_*`` variable raises ``ValueError`` naming it.  Calling ``enable`` again replaces the options; passes already set
-    in those config slots by the user keep running alongside ours.  Returns the options in force.
+    or an unknown ``FSDP_PASSES_*`` variable raises ``OptionError`` (a ``ValueError``) naming it.  Calling
+    ``enable`` again replaces the options; passes already set in those config slots by the user keep running
+    alongside ours.  Returns the options in force.
     """
     from .inductor.install import install
 
@@ -113,14 +114,14 @@ def _merged_options(function: str, options: Options | None, kwargs: dict[str, An
     import difflib
 
     if options is not None and not isinstance(options, Options):
-        raise ValueError(f"fsdp_passes.{function}(options={options!r}): expected an fsdp_passes.Options "
+        raise OptionError("options", f"fsdp_passes.{function}(options={options!r}): expected an fsdp_passes.Options "
                          "(or None) and/or option keywords")
     known = [f.name for f in dataclasses.fields(Options)]
     unknown = sorted(set(kwargs) - set(known))
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.6)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise ValueError(f"fsdp_passes.{function}: unknown option(s) {', '.join(unknown)}{hint}; known options: "
+        raise OptionError(unknown[0], f"fsdp_passes.{function}: unknown option(s) {', '.join(unknown)}{hint}; known options: "
                          f"{', '.join(known)}")
     if options is None:
         return Options(**kwargs)

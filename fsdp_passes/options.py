@@ -104,7 +104,7 @@ class Options:
             if key.startswith(ENV_PREFIX) and key not in known and key not in TOOL_ENV_VARS:
                 close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
                 hint = f"did you mean {close[0]}? " if close else ""
-                raise ValueError(f"environment variable {key} is not an fsdp_passes option: {hint}known: "
+                raise OptionError(key, f"environment variable {key} is not an fsdp_passes option: {hint}known: "
                                  + ", ".join(known))
         changes: dict[str, Any] = {}
         for key, name in known.items():
@@ -117,9 +117,9 @@ class Options:
         except OptionError as exc:
             if exc.option not in changes:  # a combination: name every variable that took part
                 applied = ", ".join(f"{ENV_PREFIX + n.upper()}={environ[ENV_PREFIX + n.upper()]!r}" for n in changes)
-                raise ValueError(f"{exc} (with the environment variables {applied})") from None
+                raise OptionError(exc.option, f"{exc} (with the environment variables {applied})") from None
             key = ENV_PREFIX + exc.option.upper()
-            raise ValueError(f"environment variable {key}={environ[key]!r} is not valid: {exc}") from None
+            raise OptionError(exc.option, f"environment variable {key}={environ[key]!r} is not valid: {exc}") from None
 
 
 _NUMBER_RE = re.compile(r"^[0-9]*\.?[0-9]+$")  # finite, non-negative: no 'nan', 'inf' or signs
@@ -237,7 +237,7 @@ def _parse_env_value(name: str, text: str) -> Any:
             return True
         if low in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"environment variable {key}={text!r} is not valid: expected 1/true/yes/on or "
+        raise OptionError(name, f"environment variable {key}={text!r} is not valid: expected 1/true/yes/on or "
                          "0/false/no/off")
     if name in ("debug_dir", "calibration"):
         return text or None
@@ -247,13 +247,13 @@ def _parse_env_value(name: str, text: str) -> Any:
         try:
             return json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"environment variable {key}={text!r} is not valid JSON ({exc}); expected "
+            raise OptionError(name, f"environment variable {key}={text!r} is not valid JSON ({exc}); expected "
                              + ("a profile name or a JSON object of profile values" if name == "cluster"
                                 else "a JSON list of module FQN patterns")) from None
     if name == "cluster":
         return text
     if name == "bucket_plan":
-        raise ValueError(f"environment variable {key}={text!r} is not valid: expected a JSON list of module FQN "
+        raise OptionError(name, f"environment variable {key}={text!r} is not valid: expected a JSON list of module FQN "
                          "patterns, e.g. '[\"layers.[0-3]\"]'")
     try:
         return json.loads(text)

@@ -43,3 +43,29 @@ def test_import_does_not_load_inductor():
             "fsdp_passes.FsdpPassError; print('ok')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_every_option_rejection_is_an_option_error_naming_the_option():
+    from fsdp_passes.options import Options
+
+    cases = [
+        (lambda: fsdp_passes.enable(bogus=1), "bogus"),
+        (lambda: fsdp_passes.enable(options={"reorder": True}), "options"),
+        (lambda: Options.from_env(environ={"FSDP_PASSES_REORDR": "1"}), "FSDP_PASSES_REORDR"),
+        (lambda: Options.from_env(environ={"FSDP_PASSES_STRICT": "maybe"}), "strict"),
+        (lambda: Options.from_env(environ={"FSDP_PASSES_CLUSTER": '{"base": "h100-nvlink"'}), "cluster"),
+        (lambda: Options.from_env(environ={"FSDP_PASSES_BUCKET_PLAN": "layers.0"}), "bucket_plan"),
+        (lambda: Options.from_env(environ={"FSDP_PASSES_MAX_PREFETCH": "0"}), "max_prefetch"),
+        # a combination (manual bucketing, no plan): the option Options rejects, and the variables applied
+        (lambda: Options.from_env(environ={"FSDP_PASSES_BUCKETING": "manual"}), "bucket_plan"),
+    ]
+    for make, option in cases:
+        try:
+            make()
+        except fsdp_passes.OptionError as exc:
+            assert exc.option == option, (option, exc.option, str(exc))
+            assert option.upper() in str(exc).upper(), str(exc)
+            if "is not valid: expected a plan" in str(exc):
+                assert "FSDP_PASSES_BUCKETING='manual'" in str(exc), str(exc)
+        else:  # pragma: no cover
+            raise AssertionError(f"no OptionError for {option}")
