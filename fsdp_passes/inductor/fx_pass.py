@@ -1,7 +1,8 @@
 """Running the bucketing rewrite inside Inductor's post-grad pass slot, safely.
 
 The rewrite mutates the graph in place; if anything fails half-way the graph is restored, so the user's compile
-goes on with the graph exactly as Inductor built it: from a copy taken right before the first merge, or, when
+goes on with the graph exactly as Inductor built it: from a record of its nodes taken right before the first merge
+(rebuilt as new nodes), or, when
 nothing was merged (the pass only moved nodes, or failed before changing anything), by putting the nodes back in
 their original order.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch.fx as fx
 
@@ -27,21 +29,30 @@ from .shard_shapes import warn_if_uneven_shards
 log = logging.getLogger("fsdp_passes")
 
 
-def _snapshot(graph: fx.Graph) -> fx.Graph:
-    copy = fx.Graph()
-    out = copy.graph_copy(graph, {})
-    copy.output(out)
-    return copy
+#: one node as the pass found it: the node, op, target, args, kwargs, type, name and a copy of its meta
+_NodeRecord = tuple[fx.Node, str, Any, tuple, dict, Any, str, dict]
 
 
-def _restore(graph: fx.Graph, snapshot: fx.Graph) -> None:
+def _snapshot(graph: fx.Graph) -> list[_NodeRecord]:
+    """What restoring ``graph`` needs, without copying it: FX never mutates a node's ``args`` / ``kwargs`` in
+    place (a change, or an erase, puts new ones on the node), so the ones held here stay as they were; ``meta``
+    is copied one level deep, as ``Graph.graph_copy`` copies it."""
+    return [(n, n.op, n.target, n.args, n.kwargs, n.type, n.name, dict(n.meta)) for n in graph.nodes]
+
+
+def _restore(graph: fx.Graph, snapshot: list[_NodeRecord]) -> None:
+    """Rebuild ``graph``'s nodes from ``snapshot`` (new nodes: a name still taken gets a suffix)."""
     for node in reversed(list(graph.nodes)):
         graph.erase_node(node)
+    new_of: dict[fx.Node, fx.Node] = {}
     # a failed rewrite may have left the insertion point on an erased node: append at the end again
     # (``inserting_after(None)`` inserts at the end of the graph)
     with graph.inserting_after(None):
-        out = graph.graph_copy(snapshot, {})
-        graph.output(out)
+        for old, op, target, args, kwargs, type_expr, name, meta in snapshot:
+            node = graph.create_node(op, target, fx.node.map_arg(args, new_of.__getitem__),
+                                     fx.node.map_arg(kwargs, new_of.__getitem__), name=name, type_expr=type_expr)
+            node.meta = dict(meta)
+            new_of[old] = node
 
 
 def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphReport:
@@ -49,7 +60,7 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
     Returns the pass's report (with ``fallback`` set when the graph was left unchanged)."""
     warn_if_uneven_shards(graph)
     order = list(graph.nodes)
-    snapshot: list[fx.Graph] = []  # the copy taken before the first merge, if any
+    snapshot: list[list[_NodeRecord]] = []  # the graph's nodes as they were before the first merge, if any
     start = time.perf_counter()
 
     def attempt() -> GraphReport:

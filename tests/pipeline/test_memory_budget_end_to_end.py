@@ -237,6 +237,13 @@ def test_fx_pass_failure_after_changing_the_graph_restores_it(mlp_fx, monkeypatc
 
     captured = structure(gm.graph)
 
+    def metas(graph):  # what later passes read from a node: its meta keys (other than our caches), value shapes
+        return [(sorted(k for k in n.meta if not k.startswith("fsdp_passes_")),
+                 str(getattr(n.meta.get("val"), "shape", None)),
+                 str(getattr(n.meta.get("val"), "dtype", None))) for n in graph.nodes]
+
+    captured_meta = metas(gm.graph)
+
     def reductions(graph):
         return sum(1 for n in graph.nodes if "reduce_scatter" in str(n.target))
 
@@ -256,6 +263,7 @@ def test_fx_pass_failure_after_changing_the_graph_restores_it(mlp_fx, monkeypatc
         report = run_fx_pass(gm.graph, options, "backward")
     assert report.fallback and changed and changed[0]
     assert structure(gm.graph) == captured
+    assert metas(gm.graph) == captured_meta
     gm.recompile()
     if plan == "moved":  # the same nodes, back in their order (a restored copy has nodes of new names)
         assert gm.code == code
