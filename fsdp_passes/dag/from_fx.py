@@ -199,12 +199,19 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     readers: dict[Any, list[int]] = {}
     output_roots: set[Any] = set()
     resident = 0
+    size_of: dict[fx.Node, int] = {}  # tensor_bytes of each value read so far: an input's, counted again per reader
+
+    def bytes_of(a: fx.Node) -> int:
+        b = size_of.get(a)
+        if b is None:
+            b = size_of[a] = tensor_bytes(a.meta.get("val"))
+        return b
 
     for fx_node in graph.nodes:
         if fx_node.op == "placeholder" or fx_node.op == "get_attr":
             root[fx_node] = fx_node
             try:
-                resident += tensor_bytes(fx_node.meta.get("val"))
+                resident += bytes_of(fx_node)
             except ValueError:  # an unbacked input size: the budget base just misses it
                 pass
             continue
@@ -219,8 +226,8 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         kind, collective = classify(name)
         value = fx_node.meta.get("val")
         try:
-            out_bytes = tensor_bytes(value)
-            in_bytes = sum(tensor_bytes(a.meta.get("val")) for a in fx_node.all_input_nodes)
+            out_bytes = size_of[fx_node] = tensor_bytes(value)
+            in_bytes = sum(map(bytes_of, fx_node.all_input_nodes))
         except ValueError as exc:
             raise UnplannableGraph(f"node {fx_node.name}: {exc}") from None
         node = DagNode(name=fx_node.name, kind=kind, op=name, collective=collective, in_bytes=in_bytes,
@@ -254,7 +261,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             buf = root.get(arg, arg)
             if buf.op == "placeholder":  # a graph input, read directly or through views
                 try:
-                    node.input_reads[buf.name] = tensor_bytes(buf.meta.get("val"))
+                    node.input_reads[buf.name] = bytes_of(buf)
                 except ValueError:  # an unbacked input size: its memory is unknown
                     node.input_reads[buf.name] = 0
         # buffer identity: views and waits live in their input's buffer

@@ -6,6 +6,7 @@ classification lives here once.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
@@ -47,6 +48,7 @@ _WAITS = {"wait_tensor"}
 _NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor")
 
 
+@functools.lru_cache(maxsize=4096)  # a few hundred distinct names; asked for every node, several times a pass
 def op_base_name(op_name: str) -> tuple[str, str]:
     """('namespace', 'op') from 'torch.ops.ns.op.overload', 'ns.op.overload', 'ns::op' or 'op'."""
     name = op_name.replace("::", ".")
@@ -61,6 +63,7 @@ def op_base_name(op_name: str) -> tuple[str, str]:
     return "", parts[0]
 
 
+@functools.lru_cache(maxsize=4096)
 def classify(op_name: str) -> tuple[NodeKind, CollectiveOp | None]:
     namespace, base = op_base_name(op_name)
     if namespace and namespace not in _NAMESPACES:

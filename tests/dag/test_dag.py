@@ -163,3 +163,28 @@ def test_fx_and_scheduler_dags_count_the_same_flops(mlp_captures):
             s_flops = sum(n.flops for n in dag_from_scheduler_nodes(cap.before))
         f_flops = sum(n.flops for n in dag_from_fx(gm))
         assert s_flops == f_flops > 0, (cap.graph_name, s_flops, f_flops)
+
+
+def test_dag_node_copy_is_shallow_and_keeps_every_field():
+    import copy
+    import dataclasses
+
+    from fsdp_passes.dag.graph import CollectiveOp, DagNode, NodeKind, OutputBuffer
+
+    origin = object()
+    values = {"name": "ag", "kind": NodeKind.COLLECTIVE, "op": "_c10d_functional.all_gather_into_tensor.default",
+              "collective": CollectiveOp.ALL_GATHER, "group_name": "0", "group_size": 8, "group_ranks": tuple(range(8)),
+              "reduce_op": "sum", "comm_bytes": 64, "in_bytes": 8, "out_bytes": 64, "dtype": "bfloat16", "flops": 1.5,
+              "alias_of": 3, "collective_of": 2, "is_output": True, "fsdp": True, "module_fqn": "layers.0",
+              "param_fqn": "layers.0.w", "kernel_key": "k", "launches_kernel": False, "input_reads": {"x": 4},
+              "non_owning_bytes": 5, "graph_output_bytes": 6, "output_buffers": (OutputBuffer(nbytes=64, readers=("mm",)),),
+              "origin": origin}
+    # every field is set to a value other than its default, so a field the copy dropped would show
+    assert set(values) == {f.name for f in dataclasses.fields(DagNode)}
+    node = DagNode(**values)
+    twin = copy.copy(node)
+    assert twin is not node
+    for name, value in values.items():
+        assert getattr(twin, name) is getattr(node, name), name  # shallow: the same objects
+    twin.out_bytes = 1
+    assert node.out_bytes == 64
