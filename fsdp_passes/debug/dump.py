@@ -203,21 +203,24 @@ def log_move_reasons(report: GraphReport, dag: Dag, before: Sequence[int], after
         log.debug("fsdp_passes moved %s", line)
 
 
-def emit_artifacts(summary: dict, schedule_before: str | Callable[[], str],
-                   schedule_after: str | Callable[[], str]) -> None:
+def emit_artifacts(summary: dict | Callable[[], dict], schedule_before: str | Callable[[], str],
+                   schedule_after: str | Callable[[], str], graph: str | None = None) -> None:
     """Structured-trace (tlparse) artifacts ``fsdp_passes_<graph>_{summary,schedule_before,schedule_after}``.
-    The schedules may be given as functions that make them: called only when structured tracing is on."""
+    The summary and the schedules may be given as functions that make them: called only when structured
+    tracing is on (``graph`` then names the graph; else the summary's ``graph``)."""
     try:
         from torch._logging import trace_structured
     except ImportError:  # pragma: no cover - torch without structured logging
         return
-    graph = summary.get("graph", "graph")
+    if graph is None:
+        graph = (summary() if callable(summary) else summary).get("graph", "graph")
 
-    def text(schedule: str | Callable[[], str]) -> Callable[[], str]:
+    def text(schedule: Any) -> Callable[[], Any]:
         return schedule if callable(schedule) else lambda: schedule
 
+    summary_of = text(summary)
     items = (
-        ("summary", "json", lambda: json.dumps(summary, default=str)),
+        ("summary", "json", lambda: json.dumps(summary_of(), default=str)),
         ("schedule_before", "string", text(schedule_before)),
         ("schedule_after", "string", text(schedule_after)),
     )
@@ -254,18 +257,24 @@ def write_scheduler_dump(
             timelines = (simulate(dag, before_order, durations, overlap),
                          simulate(dag, after_order, durations, overlap))
         tb, ta = timelines
-        summary = build_summary(report, timelines, dag, fx_report)
-        # the tables are made only for a reader: the dump folder, or structured tracing (tlparse)
+
+        @functools.cache
+        def summary() -> dict:
+            made = build_summary(report, timelines, dag, fx_report)
+            if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
+                made["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
+            return made
+
+        # the summary and tables are made only for a reader: the dump folder, or structured tracing (tlparse)
         before_txt = functools.cache(lambda: schedule_table(
             dag, before_order, durations, tb, title=f"graph {report.graph}: schedule before the pass"))
         after_txt = functools.cache(lambda: schedule_table(
             dag, after_order, durations, ta, was=before_order,
             title=f"graph {report.graph}: schedule after the pass (was: position before the pass)"))
-        if debug_dir and not can_plot():  # before the artifacts, so they carry it as summary.json does
-            summary["skipped_files"] = {"timeline.png": matplotlib_missing_note()}
-        emit_artifacts(summary, before_txt, after_txt)
+        emit_artifacts(summary, before_txt, after_txt, graph=report.graph)
         if not debug_dir:
             return None
+        summary = summary()
         folder = graph_dir(debug_dir, report.graph)
         os.makedirs(folder, exist_ok=True)
         files = list(DUMP_FILES)

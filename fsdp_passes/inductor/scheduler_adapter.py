@@ -9,6 +9,7 @@ flight at once without any rank changing its collective sequence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence as SequenceABC
 from typing import Any, Sequence
 
 import torch
@@ -204,8 +205,12 @@ def _flops(snode: Any) -> float:
     return float(sum(_origin_flops(part) for part in parts))
 
 
-def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs: set[str] | None = None) -> Dag:
-    """One DagNode per scheduler node (fused nodes stay one node), in the given order."""
+def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs: set[str] | None = None,
+                             kernel_keys: bool = True) -> Dag:
+    """One DagNode per scheduler node (fused nodes stay one node), in the given order.
+
+    kernel_keys: fill ``DagNode.kernel_key`` (what a calibration's kernel times and the DAG dump read; a
+    pass with neither skips it, about a tenth of the adapter's time)."""
     from torch._inductor.utils import is_collective, is_wait
 
     producer: dict[str, int] = {}
@@ -276,7 +281,8 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
                 node.group_name = nodes[target].group_name
         else:
             node.flops = _flops(snode)
-            node.kernel_key = _kernel_key(snode)
+            if kernel_keys:
+                node.kernel_key = _kernel_key(snode)
             try:
                 total = _accessed_bytes(snode, covered_numel)
             except Exception:
@@ -310,8 +316,26 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
     # was made from does
-    mark_fsdp(dag, [node.kind is NodeKind.COMPUTE and _passes_through(snode) for node, snode in zip(nodes, snodes)])
+    mark_fsdp(dag, _PassThroughFlags(nodes, snodes))
     return dag
+
+
+class _PassThroughFlags(SequenceABC):
+    """``mark_fsdp``'s per-node pass-through flags, each worked out when first asked: it asks only about the
+    nodes next to collectives, and reading a node's origin ops is most of what a flag costs."""
+
+    def __init__(self, nodes: list[DagNode], snodes: Sequence[Any]) -> None:
+        self._nodes, self._snodes = nodes, snodes
+        self._known: dict[int, bool] = {}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __getitem__(self, i: int) -> bool:  # type: ignore[override]  # ints only: mark_fsdp never slices
+        flag = self._known.get(i)
+        if flag is None:
+            flag = self._known[i] = self._nodes[i].kind is NodeKind.COMPUTE and _passes_through(self._snodes[i])
+        return flag
 
 
 def _output_buffers(snode: Any, buffers: list[Any], readers: dict[str, set[int]], nodes: list[DagNode],

@@ -45,8 +45,9 @@ def reorder_scheduler_nodes(
         if not isinstance(node, BaseSchedulerNode):
             raise ValueError(f"reorder_scheduler_nodes: nodes[{k}] is of type {type(node).__name__}; expected "
                              f"Inductor scheduler nodes (BaseSchedulerNode)")
-    dag = dag_from_scheduler_nodes(nodes)
     cost_model = cost_model or CostModel.from_options(options.cluster, options.calibration)
+    # kernel keys are read only by a calibration's kernel times and by the dump
+    dag = dag_from_scheduler_nodes(nodes, kernel_keys=cost_model.calibration is not None or bool(options.debug_dir))
     durations = cost_model.estimate(dag)
     overlap = cost_model.overlap_costs()
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())

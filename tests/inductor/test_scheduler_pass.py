@@ -142,6 +142,29 @@ def test_calibration_and_cluster_change_the_estimates(mlp_forward_nodes, tmp_pat
     json.loads(path.read_text())  # the table is plain JSON
 
 
+def test_kernel_keys_are_skipped_only_where_nothing_reads_them(mlp_forward_nodes, tmp_path):
+    import dataclasses
+
+    from fsdp_passes.cost_model import Calibration
+
+    cap = mlp_forward_nodes["backward"]
+    with cap.graph_context():
+        keyed = dag_from_scheduler_nodes(cap.before)
+        bare = dag_from_scheduler_nodes(cap.before, kernel_keys=False)
+    assert any(n.kernel_key for n in keyed) and not any(n.kernel_key for n in bare)
+    for a, b in zip(keyed, bare):  # everything else the same
+        assert dataclasses.replace(a, kernel_key=None) == b and a.origin is b.origin
+    # a calibration's kernel times are still found: one kernel measured at 1 s is in the makespan
+    key = next(n.kernel_key for n in keyed if n.kernel_key and n.kind is NodeKind.COMPUTE)
+    cal = Calibration()
+    cal.add_kernel(key, 1000.0)
+    path = tmp_path / "kernels.json"
+    cal.save(path)
+    _, base = fsdp_passes.reorder_scheduler_nodes(cap, Options(reorder=False))
+    _, calibrated = fsdp_passes.reorder_scheduler_nodes(cap, Options(reorder=False, calibration=str(path)))
+    assert calibrated.makespan_ms_before >= base.makespan_ms_before + 900.0
+
+
 def test_the_plan_and_its_report_price_the_profiles_overlap_costs(mlp_forward_nodes):
     """A profile's overlap costs (host issue time per collective, compute slowed while one is in flight) are
     what the scheduler pass plans and reports with: its figures are the replay of its order under those terms
