@@ -13,9 +13,15 @@ from collections.abc import Sequence as SequenceABC
 from typing import Any, Sequence
 
 import torch
-from torch._inductor.scheduler import BaseSchedulerNode
+from torch._inductor import config as inductor_config, dependencies, ir
+from torch._inductor.fx_passes.control_dependencies import control_deps
+from torch._inductor.scheduler import BaseSchedulerNode, NopKernelSchedulerNode
+from torch._inductor.utils import get_dtype_size, get_fused_kernel_name, is_collective, is_wait
+from torch._inductor.virtualized import V
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..dag.from_fx import UnplannableGraph
+from ..dag.flops import has_flop_formula
+from ..dag.from_fx import UnplannableGraph, fx_node_flops
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
 from ..dag.ops import PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
 
@@ -25,12 +31,10 @@ def _size_hint(expr: Any) -> int:
         return expr
     if getattr(expr, "is_number", False):  # a sympy constant: no graph needed
         return int(expr)
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     if free_unbacked_symbols(expr):
         # a data-dependent size: any number would be a guess, and a memory budget over guesses means nothing
         raise UnplannableGraph(f"size {expr} is unbacked (data-dependent)")
-    from torch._inductor.virtualized import V
 
     return int(V.graph.sizevars.optimization_hint(expr, fallback=0))
 
@@ -56,7 +60,6 @@ def _numel(size: Sequence[Any]) -> int:
 def _allocated_bytes(ir_node: Any) -> int:
     """Bytes a buffer allocates: 0 for one laid out inside another buffer (a concatenation's input written
     into its slice of the result: ``NonOwningLayout``)."""
-    from torch._inductor import ir
 
     if isinstance(getattr(ir_node, "layout", None), ir.NonOwningLayout):
         return 0
@@ -67,8 +70,6 @@ def _launches_kernel(snode: Any) -> bool:
     """False for scheduler nodes that generate no kernel: a ``NopKernelSchedulerNode`` (a concatenation
     whose inputs were written into its buffer) and the ``MultiOutput`` unpacking of a fallback kernel's
     results."""
-    from torch._inductor import ir
-    from torch._inductor.scheduler import NopKernelSchedulerNode
 
     return not (isinstance(snode, NopKernelSchedulerNode) or isinstance(getattr(snode, "node", None), ir.MultiOutput))
 
@@ -108,13 +109,10 @@ def _kernel_key(snode: Any) -> str | None:
     kernel: "<aten op> <shapes>" (``aten.mm float32[2,64];...``) with its inputs' (and out-variant output's) shapes, as ``calibrate_from_trace`` keys the aten op events
     of a profiled step.
     """
-    from torch._inductor import config as inductor_config
-    from torch._inductor.utils import get_fused_kernel_name
 
     node = getattr(snode, "node", None)
     overload = getattr(node, "op_overload", None)
     if isinstance(overload, torch._ops.OpOverload):
-        from torch._inductor import ir
 
         # an out-variant extern (extern_kernels.mm(a, b, out=buf)) shows its output among its inputs
         tensors = list(getattr(node, "inputs", ()) or ()) + ([node] if isinstance(node, ir.ExternKernelOut) else [])
@@ -148,7 +146,6 @@ def _wrapped_ops(origin: Any) -> list[Any]:
     OverlapScheduler puts around a kernel to pin its order), the call(s) inside the wrapper's subgraph,
     recursively.  The wrapper's lowering gives its result buffer the wrapper as origin, so without this the
     kernel under it would have no FLOP formula and no op name."""
-    from torch._inductor.fx_passes.control_dependencies import control_deps
 
     if getattr(origin, "target", None) is not control_deps:
         return [origin]
@@ -168,8 +165,6 @@ def _wrapped_ops(origin: Any) -> list[Any]:
 
 def _origin_flops(snode: Any) -> float:
     """FLOPs of one (unfused) scheduler node's origin op, see ``_flops``."""
-    from ..dag.flops import has_flop_formula
-    from ..dag.from_fx import fx_node_flops
 
     origin = None
     try:
@@ -211,7 +206,6 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
 
     kernel_keys: fill ``DagNode.kernel_key`` (what a calibration's kernel times and the DAG dump read; a
     pass with neither skips it, about a tenth of the adapter's time)."""
-    from torch._inductor.utils import is_collective, is_wait
 
     producer: dict[str, int] = {}
     readers: dict[str, set[int]] = {}  # buffer name -> the nodes reading it
@@ -377,7 +371,6 @@ def _passes_through(snode: Any) -> bool:
 
 def _graph_input_bytes() -> int:
     try:
-        from torch._inductor.virtualized import V
 
         return sum(_layout_bytes(getattr(t, "data", t)) if not hasattr(t, "layout") else _layout_bytes(t)
                    for t in V.graph.graph_inputs.values())
@@ -387,7 +380,6 @@ def _graph_input_bytes() -> int:
 
 def _graph_input_names() -> set[str]:
     try:
-        from torch._inductor.virtualized import V
 
         return set(V.graph.graph_inputs)
     except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
@@ -397,7 +389,6 @@ def _graph_input_names() -> set[str]:
 def _dep_bytes(dep: Any) -> int:
     """Bytes a dependency reads of its buffer, as Inductor's memory planning sizes it."""
     try:
-        from torch._inductor.virtualized import V
 
         return int(V.graph.get_dep_size_hint(dep))
     except Exception:  # an unhinted size: the input's memory is unknown
@@ -410,7 +401,6 @@ def _covered_elements(snode: Any, numel_of: dict[tuple, int | None]) -> dict[str
     A loop kernel's access covers the loop variables its index uses (``MemoryDep.get_numel``); an extern
     kernel's, the size of each input as passed (a view of a bucket is its slice, not the bucket).
     ``numel_of`` caches a loop access's count by its index and loop (every block repeats them)."""
-    from torch._inductor import dependencies, ir
 
     covered: dict[str, int | None] = {}
 
@@ -447,9 +437,6 @@ def _accessed_bytes(snode: Any, numel_of: dict[tuple, int | None]) -> int:
     Inductor charges each access the whole loop's size (an extern or fused kernel's: any size), at most the
     buffer: a norm or matmul reading its weight's slice of a merged bucket is charged the whole bucket, which
     an unmerged compile does not pay."""
-    from torch._inductor import ir
-    from torch._inductor.utils import get_dtype_size
-    from torch._inductor.virtualized import V
 
     per_buffer = snode.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
     covered = _covered_elements(snode, numel_of)
@@ -471,7 +458,6 @@ def _accessed_bytes(snode: Any, numel_of: dict[tuple, int | None]) -> int:
 
 def _graph_output_names() -> set[str]:
     try:
-        from torch._inductor.virtualized import V
 
         return set(V.graph.get_output_names())
     except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
