@@ -163,6 +163,10 @@ def test_kernel_keys_are_skipped_only_where_nothing_reads_them(mlp_forward_nodes
     _, base = fsdp_passes.reorder_scheduler_nodes(cap, Options(reorder=False))
     _, calibrated = fsdp_passes.reorder_scheduler_nodes(cap, Options(reorder=False, calibration=str(path)))
     assert calibrated.makespan_ms_before >= base.makespan_ms_before + 900.0
+    # and the dump's dag.json still carries them
+    fsdp_passes.reorder_scheduler_nodes(cap, Options(reorder=False, debug_dir=str(tmp_path / "dump")))
+    (dag_json,) = tmp_path.glob("dump/**/dag.json")
+    assert key in {n.get("kernel_key") for n in json.loads(dag_json.read_text())["nodes"]}
 
 
 def test_the_plan_and_its_report_price_the_profiles_overlap_costs(mlp_forward_nodes):

@@ -238,7 +238,7 @@ def test_fx_pass_failure_after_changing_the_graph_restores_it(mlp_fx, monkeypatc
     captured = structure(gm.graph)
 
     def metas(graph):  # what later passes read from a node: its meta keys (other than our caches), value shapes
-        return [(sorted(k for k in n.meta if not k.startswith("fsdp_passes_")),
+        return [(n.type, sorted(k for k in n.meta if not k.startswith("fsdp_passes_")),
                  str(getattr(n.meta.get("val"), "shape", None)),
                  str(getattr(n.meta.get("val"), "dtype", None))) for n in graph.nodes]
 
