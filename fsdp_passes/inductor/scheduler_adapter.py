@@ -60,7 +60,6 @@ def _numel(size: Sequence[Any]) -> int:
 def _allocated_bytes(ir_node: Any) -> int:
     """Bytes a buffer allocates: 0 for one laid out inside another buffer (a concatenation's input written
     into its slice of the result: ``NonOwningLayout``)."""
-
     if isinstance(getattr(ir_node, "layout", None), ir.NonOwningLayout):
         return 0
     return _layout_bytes(ir_node)
@@ -70,7 +69,6 @@ def _launches_kernel(snode: Any) -> bool:
     """False for scheduler nodes that generate no kernel: a ``NopKernelSchedulerNode`` (a concatenation
     whose inputs were written into its buffer) and the ``MultiOutput`` unpacking of a fallback kernel's
     results."""
-
     return not (isinstance(snode, NopKernelSchedulerNode) or isinstance(getattr(snode, "node", None), ir.MultiOutput))
 
 
@@ -109,11 +107,9 @@ def _kernel_key(snode: Any) -> str | None:
     kernel: "<aten op> <shapes>" (``aten.mm float32[2,64];...``) with its inputs' (and out-variant output's) shapes, as ``calibrate_from_trace`` keys the aten op events
     of a profiled step.
     """
-
     node = getattr(snode, "node", None)
     overload = getattr(node, "op_overload", None)
     if isinstance(overload, torch._ops.OpOverload):
-
         # an out-variant extern (extern_kernels.mm(a, b, out=buf)) shows its output among its inputs
         tensors = list(getattr(node, "inputs", ()) or ()) + ([node] if isinstance(node, ir.ExternKernelOut) else [])
         shapes = []
@@ -146,7 +142,6 @@ def _wrapped_ops(origin: Any) -> list[Any]:
     OverlapScheduler puts around a kernel to pin its order), the call(s) inside the wrapper's subgraph,
     recursively.  The wrapper's lowering gives its result buffer the wrapper as origin, so without this the
     kernel under it would have no FLOP formula and no op name."""
-
     if getattr(origin, "target", None) is not control_deps:
         return [origin]
     subgraph = origin.args[1] if len(origin.args) > 1 else None
@@ -165,7 +160,6 @@ def _wrapped_ops(origin: Any) -> list[Any]:
 
 def _origin_flops(snode: Any) -> float:
     """FLOPs of one (unfused) scheduler node's origin op, see ``_flops``."""
-
     origin = None
     try:
         origin = snode.node.get_origin_node()
@@ -206,7 +200,6 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
 
     kernel_keys: fill ``DagNode.kernel_key`` (what a calibration's kernel times and the DAG dump read; a
     pass with neither skips it, about a tenth of the adapter's time)."""
-
     producer: dict[str, int] = {}
     readers: dict[str, set[int]] = {}  # buffer name -> the nodes reading it
     renamed_from: dict[str, str] = {}  # a mutated buffer's new name -> the buffer it names
@@ -371,7 +364,6 @@ def _passes_through(snode: Any) -> bool:
 
 def _graph_input_bytes() -> int:
     try:
-
         return sum(_layout_bytes(getattr(t, "data", t)) if not hasattr(t, "layout") else _layout_bytes(t)
                    for t in V.graph.graph_inputs.values())
     except Exception:  # outside a graph lowering: no inputs known
@@ -380,7 +372,6 @@ def _graph_input_bytes() -> int:
 
 def _graph_input_names() -> set[str]:
     try:
-
         return set(V.graph.graph_inputs)
     except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
         return set()
@@ -389,7 +380,6 @@ def _graph_input_names() -> set[str]:
 def _dep_bytes(dep: Any) -> int:
     """Bytes a dependency reads of its buffer, as Inductor's memory planning sizes it."""
     try:
-
         return int(V.graph.get_dep_size_hint(dep))
     except Exception:  # an unhinted size: the input's memory is unknown
         return 0
@@ -401,7 +391,6 @@ def _covered_elements(snode: Any, numel_of: dict[tuple, int | None]) -> dict[str
     A loop kernel's access covers the loop variables its index uses (``MemoryDep.get_numel``); an extern
     kernel's, the size of each input as passed (a view of a bucket is its slice, not the bucket).
     ``numel_of`` caches a loop access's count by its index and loop (every block repeats them)."""
-
     covered: dict[str, int | None] = {}
 
     def add(name: str, elements: int | None) -> None:
@@ -437,7 +426,6 @@ def _accessed_bytes(snode: Any, numel_of: dict[tuple, int | None]) -> int:
     Inductor charges each access the whole loop's size (an extern or fused kernel's: any size), at most the
     buffer: a norm or matmul reading its weight's slice of a merged bucket is charged the whole bucket, which
     an unmerged compile does not pay."""
-
     per_buffer = snode.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
     covered = _covered_elements(snode, numel_of)
     total = 0
@@ -458,7 +446,6 @@ def _accessed_bytes(snode: Any, numel_of: dict[tuple, int | None]) -> int:
 
 def _graph_output_names() -> set[str]:
     try:
-
         return set(V.graph.get_output_names())
     except Exception:  # outside a graph lowering (e.g. a unit test on hand-made nodes)
         return set()
