@@ -291,7 +291,8 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
             nodes[i].is_output = True
             nodes[i].graph_output_bytes = nodes[i].out_bytes
     dag = Dag(nodes, edges, resident)
-    mark_fsdp(dag, [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes],
+    pass_through = [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes]
+    mark_fsdp(dag, pass_through.__getitem__,
               sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes])
     for node in nodes:
         if not node.fsdp:

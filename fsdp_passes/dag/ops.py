@@ -132,10 +132,10 @@ def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], 
     node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
 
 
-def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | None = None) -> None:
+def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool] | None = None) -> None:
     """Set ``fsdp`` on the collectives of ``dag``: the one rule both views (FX, scheduler nodes) use.
 
-    ``pass_through[i]``: node ``i`` is compute made only of ``PASS_THROUGH_OPS`` (the builder knows how its
+    ``pass_through(i)``: node ``i`` is compute made only of ``PASS_THROUGH_OPS`` (the builder knows how its
     nodes name their ops).  Graph inputs are not nodes, so a node with no predecessor reads only graph inputs.
 
     - all-gather: its input comes from graph inputs through pass-through nodes only (a parameter shard,
@@ -149,7 +149,7 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | Non
     nodes = dag.nodes
 
     def through(v: int) -> bool:
-        return nodes[v].kind is NodeKind.WAIT or (nodes[v].kind is NodeKind.COMPUTE and bool(pass_through[v]))
+        return nodes[v].kind is NodeKind.WAIT or (nodes[v].kind is NodeKind.COMPUTE and pass_through(v))
 
     def upstream(c: int, hit: Callable[[int], bool], go_on: Callable[[int], bool]) -> bool:
         """Whether a node ``hit`` accepts lies upstream of ``c``, searching on through nodes ``go_on`` accepts."""
@@ -166,7 +166,7 @@ def mark_fsdp(dag: Dag, pass_through: Sequence[bool], sums: Sequence[bool] | Non
         return False
 
     def pass_through_compute(v: int) -> bool:
-        return nodes[v].kind is NodeKind.COMPUTE and bool(pass_through[v])
+        return nodes[v].kind is NodeKind.COMPUTE and pass_through(v)
 
     def from_inputs(c: int) -> bool:
         return not upstream(c, lambda v: not pass_through_compute(v), pass_through_compute)

@@ -9,7 +9,7 @@ flight at once without any rank changing its collective sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence as SequenceABC
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -302,27 +302,14 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             node.non_owning_bytes = sum(b.nbytes for b in node.output_buffers if not b.allocated)
     dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
-    # was made from does
-    mark_fsdp(dag, _PassThroughFlags(nodes, snodes))
+    # was made from does.  Worked out when asked: mark_fsdp asks only about nodes next to collectives, and
+    # reading a node's origin ops is most of what a flag costs
+    @functools.cache
+    def passes_through(i: int) -> bool:
+        return nodes[i].kind is NodeKind.COMPUTE and _passes_through(snodes[i])
+
+    mark_fsdp(dag, passes_through)
     return dag
-
-
-class _PassThroughFlags(SequenceABC):
-    """``mark_fsdp``'s per-node pass-through flags, each worked out when first asked: it asks only about the
-    nodes next to collectives, and reading a node's origin ops is most of what a flag costs."""
-
-    def __init__(self, nodes: list[DagNode], snodes: Sequence[Any]) -> None:
-        self._nodes, self._snodes = nodes, snodes
-        self._known: dict[int, bool] = {}
-
-    def __len__(self) -> int:
-        return len(self._nodes)
-
-    def __getitem__(self, i: int) -> bool:  # type: ignore[override]  # ints only: mark_fsdp never slices
-        flag = self._known.get(i)
-        if flag is None:
-            flag = self._known[i] = self._nodes[i].kind is NodeKind.COMPUTE and _passes_through(self._snodes[i])
-        return flag
 
 
 def _output_buffers(snode: Any, buffers: list[Any], readers: dict[str, set[int]], nodes: list[DagNode],
