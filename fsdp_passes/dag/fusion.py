@@ -732,6 +732,13 @@ def _fuse_sharing_kernels(units: list[_Unit], succs: list[list[int]], groups: _G
                     continue  # a path through another kernel
             merged.update((a, b))
             groups.union(a, b)
+            # the fused kernel is one node from now on: what reached either reaches both and what follows
+            # either, so a later pair of this round joined through it is seen as joined
+            both, after = bit[a] | bit[b], desc[a] | desc[b]
+            bit[a] = bit[b] = both
+            for r in order:
+                if desc[r] & both or r in (a, b):
+                    desc[r] |= both | after
         if not merged:
             return
 

@@ -66,6 +66,10 @@ def annotate_parameter_names(graph: fx.Graph) -> int:
             nxt = []
             for node in frontier:
                 for user in node.users:
+                    inner = _subgraph_placeholders(user, node)
+                    if inner:  # read inside a checkpointed region (or another subgraph): follow it in there
+                        nxt.extend(inner)
+                        continue
                     if user.op not in ("call_function", "call_method") or len(user.all_input_nodes) != 1:
                         continue
                     custom = user.meta.get("custom")
@@ -77,6 +81,28 @@ def annotate_parameter_names(graph: fx.Graph) -> int:
                     nxt.append(user)
             frontier, depth = nxt, depth + 1
     return named
+
+
+def _subgraph_placeholders(call: fx.Node, operand: fx.Node) -> list[fx.Node]:
+    """The placeholders through which a higher-order op's subgraph reads ``operand`` (``torch.utils.checkpoint``
+    traces its function into ``tag_activation_checkpoint(body, *operands)``; ``wrap`` and ``invoke_subgraph``
+    alike): the body's placeholders follow its operands, after any non-tensor arguments before them."""
+    if call.op != "call_function" or not isinstance(call.target, torch._ops.HigherOrderOperator) or not call.args:
+        return []
+    body_ref = call.args[0]
+    if not isinstance(body_ref, fx.Node) or body_ref.op != "get_attr":
+        return []
+    owner = call.graph.owning_module
+    body = getattr(owner, str(body_ref.target), None) if owner is not None else None
+    if not isinstance(body, fx.GraphModule):
+        return []
+    placeholders = list(body.graph.find_nodes(op="placeholder"))
+    operands = list(call.args[1:])
+    while operands and len(operands) > len(placeholders) and not isinstance(operands[0], fx.Node):
+        operands.pop(0)  # invoke_subgraph's identifier
+    if len(operands) != len(placeholders):
+        return []
+    return [ph for ph, arg in zip(placeholders, operands) if arg is operand]
 
 
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_dtensor")
