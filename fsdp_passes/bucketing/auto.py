@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..dag.graph import CollectiveOp, Dag
-from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, bucket_limit, extra_bytes_of,
+from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, GrowingBucket, bucket_limit,
                    make_bucket, surveyed)
 
 
@@ -69,11 +69,8 @@ def plan_auto(
 
 def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int | None, limit: int | None,
                    key: tuple) -> list[Bucket]:
-    first = dag.nodes[seq[0]]
-    op = first.collective
-    # an all-reduce names only its group; when the group is not known to this process, price it as 2 ranks
-    group_size = first.group_size or 2
-    ranks = first.group_ranks
+    bucket = GrowingBucket(dag, seq[0])
+    op, group_size, ranks = bucket.op, bucket.group_size, dag.nodes[seq[0]].group_ranks
     label = f"auto:{key[0]}:{key[1]}:{key[3]}"
     cache: dict[int, float] = {}
 
@@ -84,36 +81,19 @@ def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int 
             cache[nbytes] = v
         return v
 
-    preds = dag.preds
     out: list[Bucket] = []
-    members = [seq[0]]
-    # the bucket's payload, summed and smallest, kept as it grows (its bound needs only these)
-    total = first.comm_bytes
-    smallest = total
-    tainted = {seq[0]}
-    scanned = seq[0]
     for j in seq[1:]:
         bj = dag.nodes[j].comm_bytes
-        # 1. dependency: does j's input depend on a member? (taint the window up to j, once per bucket)
-        for v in range(scanned + 1, j):
-            if not tainted.isdisjoint(preds[v]):
-                tainted.add(v)
-        scanned = j
-        if not tainted.isdisjoint(preds[j]):
+        if bucket.depends_on_member(j):
             reason = "dependency"
-        elif cap_bytes is not None and total + bj > cap_bytes:
-            reason = "size_cap"
-        elif limit is not None and extra_bytes_of(op, total + bj, min(smallest, bj), group_size) > limit:
-            reason = "memory"
-        elif not cost(total + bj) < cost(total) + cost(bj):
-            reason = "latency"
         else:
-            members.append(j)
-            total += bj
-            smallest = min(smallest, bj)
-            tainted.add(j)
-            continue
-        out.append(make_bucket(dag, members, close_reason=reason, label=label))
-        members, total, smallest, tainted = [j], bj, bj, {j}
-    out.append(make_bucket(dag, members, close_reason="end", label=label))
+            reason = bucket.over_bound(j, cap_bytes, limit)
+            if reason is None and not cost(bucket.total + bj) < cost(bucket.total) + cost(bj):
+                reason = "latency"
+        if reason is None:
+            bucket.add(j)
+        else:
+            out.append(make_bucket(dag, bucket.members, close_reason=reason, label=label))
+            bucket.restart(j)
+    out.append(make_bucket(dag, bucket.members, close_reason="end", label=label))
     return out
