@@ -6,9 +6,10 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..dag.graph import Dag, NodeKind
+from ..options import Options
 from ..simulate import OverlapCosts, Timeline, lower_bound, simulate
 
 
@@ -105,3 +106,42 @@ def fill_schedule_numbers(
     report.collective_fingerprint = collective_fingerprint(after[0], after[1])
     report.extra["collective_sequence"] = collective_sequence(after[0], after[1])
     return t_before, t_after
+
+
+def fill_unchanged_numbers(report: GraphReport, build_dag: Callable[[], Dag], options: Options
+                           ) -> tuple[Dag, list[float], OverlapCosts, tuple[Timeline, Timeline]] | None:
+    """Fill the ``report`` of a graph a pass left unchanged (it fell back) with the numbers of the graph as it
+    was left, before == after: its collective count (of the DAG ``build_dag`` returns) and, when a cost model
+    can be built from ``options``, its simulated time and memory.  Returns what that simulation used (the
+    DAG, its durations, the overlap costs, both timelines) for a dump, or None when nothing was simulated.
+    Never raises: the graph is left alone anyway, and the report says what could not be shown."""
+    try:
+        dag = build_dag()
+        report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+        cost_model = _unchanged_cost_model(options, report)
+        if cost_model is None:
+            return None
+        identity = list(range(len(dag)))
+        durations = cost_model.estimate(dag)
+        overlap = cost_model.overlap_costs()
+        timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations), overlap)
+        return dag, durations, overlap, timelines
+    except Exception as exc:
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _unchanged_cost_model(options: Options, report: GraphReport) -> Any:
+    """The cost model to simulate a graph a pass left unchanged: the options' one, else the cluster profile
+    alone (the calibration may be what failed), else None; what was dropped goes into ``report.extra``."""
+    from ..cost_model import CostModel, load_profile
+
+    try:
+        return CostModel.from_options(options.cluster, options.calibration)
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"calibration not used ({type(exc).__name__}: {exc})"
+    try:
+        return CostModel(load_profile(options.cluster))
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"no cost model ({type(exc).__name__}: {exc})"
+        return None
