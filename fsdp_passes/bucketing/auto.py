@@ -9,7 +9,7 @@ collective while all of these hold:
 
 1. it does not depend on a member's result (forward taint over the bucket's id window);
 2. the merged payload stays within ``bucket_cap_mb``;
-3. the bucket's rank-invariant memory bound (``plan.extra_bytes_bound``) stays within ``memory_budget_bytes``;
+3. the bucket's rank-invariant memory bound (``plan.extra_bytes_bound``) stays within ``extra_bytes_limit``;
 4. one merged collective is cheaper than two (``cost(a + b) < cost(a) + cost(b)``).
 
 Whether a bucket can still be hidden under compute is judged afterwards, among whole plans
@@ -35,22 +35,22 @@ def plan_auto(
     cost_model: CollectiveCost,
     *,
     bucket_cap_mb: float | None = None,
-    memory_budget_bytes: BucketLimit = None,
+    extra_bytes_limit: BucketLimit = None,
     bucket_non_fsdp: bool = False,
     survey: CollectiveSurvey | None = None,
 ) -> BucketPlanResult:
     """Greedy buckets per (op, group, reduce op, dtype) sequence; see the module docstring.
 
     bucket_cap_mb: largest merged payload, MiB (None: no cap).
-    memory_budget_bytes: largest ``extra_bytes_bound`` of one bucket, or a function of the bucket's op giving
-        it (None: no limit).
+    extra_bytes_limit: largest ``extra_bytes_bound`` of one bucket (a share of the graph's memory budget,
+        ``budget.MemoryBudget.limit``), or a function of the bucket's op giving it (None: no limit).
     survey: ``dag``'s collectives already judged with ``bucket_non_fsdp`` (``survey_collectives``), else
         judged here.
     """
     if bucket_cap_mb is not None and bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: expected a positive number of MiB or None")
-    if isinstance(memory_budget_bytes, int) and memory_budget_bytes < 0:
-        raise ValueError(f"memory_budget={memory_budget_bytes!r} bytes: expected >= 0")
+    if isinstance(extra_bytes_limit, int) and extra_bytes_limit < 0:
+        raise ValueError(f"extra_bytes_limit={extra_bytes_limit!r} bytes: expected >= 0")
     cap_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)
 
     survey = surveyed(dag, bucket_non_fsdp, survey)
@@ -61,7 +61,7 @@ def plan_auto(
     buckets: list[Bucket] = []
     for key, seq in sequences.items():
         buckets.extend(_plan_sequence(dag, seq, cost_model, cap_bytes,
-                                      bucket_limit(memory_budget_bytes, dag.nodes[seq[0]].collective), key))
+                                      bucket_limit(extra_bytes_limit, dag.nodes[seq[0]].collective), key))
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=dict(survey.unbucketed),
                             n_collectives_before=len(survey.collectives))

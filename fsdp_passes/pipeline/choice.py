@@ -376,13 +376,13 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
     cap_bytes = None if options.bucket_cap_mb is None else int(options.bucket_cap_mb * 2**20)
 
     def greedy(cap_mb: float | None) -> BucketPlanResult:
-        return break_cycles(dag, plan_auto(dag, cost_model, bucket_cap_mb=cap_mb, memory_budget_bytes=limit,
+        return break_cycles(dag, plan_auto(dag, cost_model, bucket_cap_mb=cap_mb, extra_bytes_limit=limit,
                                            bucket_non_fsdp=options.bucket_non_fsdp, survey=survey))
 
     greedy_plan = greedy(options.bucket_cap_mb)
     per_block = break_cycles(dag, plan_per_block(dag, bucket_non_fsdp=options.bucket_non_fsdp,
                                                  param_fqns=param_fqns, cap_bytes=cap_bytes,
-                                                 memory_budget_bytes=limit, survey=survey))
+                                                 extra_bytes_limit=limit, survey=survey))
     fit_to_budget(dag, greedy_plan, budget)
     fit_to_budget(dag, per_block, budget)
     plans: list[tuple[str, BucketPlanResult | None, str | None]] = [
