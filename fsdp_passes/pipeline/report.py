@@ -13,6 +13,21 @@ from ..options import Options
 from ..simulate import OverlapCosts, Timeline, lower_bound, simulate
 
 
+@dataclass(frozen=True)
+class GraphBudget:
+    """A graph's memory budget, as the FX pass hands it to the scheduler pass of the same graph: the budget in
+    bytes (``Options.memory_budget_bytes`` of the graph) and the FX pass's claim on it (``budget.memory_claim``
+    of its plan: bucketing and gather placement).  Reordering may raise the peak by the rest."""
+
+    memory_budget_bytes: int
+    memory_budget_used_bytes: int
+
+    @property
+    def reorder_budget_bytes(self) -> int:
+        """What the FX pass left of the budget: how far reordering may raise the peak of its input order."""
+        return max(0, self.memory_budget_bytes - self.memory_budget_used_bytes)
+
+
 @dataclass
 class GraphReport:
     graph: str  # e.g. "000_fwd": compile order, then forward / backward / inference
@@ -30,6 +45,7 @@ class GraphReport:
     collective_fingerprint: str = ""
     collectives_moved: int = 0
     fallback: str | None = None  # why the original graph / order was kept, if it was
+    budget: GraphBudget | None = None  # the graph's memory budget (a pass that fell back has none)
     options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     # set once the DEBUG log has said why nodes moved (``debug.log_move_reasons``); not annotated, so not a
