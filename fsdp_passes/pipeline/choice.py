@@ -142,13 +142,13 @@ class AutoChoice:
     plan: BucketPlanResult
     chosen: str
     candidates: list[CandidateScore]
-    budget_bytes: int
+    memory_budget_bytes: int  # the graph's memory budget, bytes
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "chosen": self.chosen,
-            "memory_budget_bytes": self.budget_bytes,
+            "memory_budget_bytes": self.memory_budget_bytes,
             "score": (f"overlap model: makespan (within {SCORE_RESOLUTION:.0%} of the best counts as equal), "
                       "then fewer collectives, exposed comm, index"),
             "candidates": [c.to_json() for c in self.candidates],
@@ -428,7 +428,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
     fastest = min(valid, key=CandidateScore.key)  # "none" claims nothing: never rejected
     near = [s for s in valid if s.makespan_ms <= fastest.makespan_ms * (1.0 + SCORE_RESOLUTION)]
     best = min(near, key=lambda s: (s.n_collectives, s.key()))
-    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, budget_bytes=budget.total)
+    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, memory_budget_bytes=budget.total)
 
 
 __all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "GraphStructure", "choose_auto_plan", "score_plan"]
