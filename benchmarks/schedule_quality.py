@@ -229,7 +229,7 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
                     rec.fx_pass_s[graph] = rec.fx_pass_s.get(graph, 0.0) + r.pass_time_s
                 else:
                     own_baseline[graph] = r.peak_memory_bytes_before
-                    budgets[graph] = (r.extra["memory_budget_total_bytes"], r.extra["memory_limit_bytes"])
+                    budgets[graph] = (r.budget.memory_budget_bytes, r.extra["memory_limit_bytes"])
     graphs = [s.to_json() for s in rec.scores]
     for g in graphs:
         g["fx_pass_s"] = rec.fx_pass_s.get(g["graph"], 0.0)

@@ -9,7 +9,7 @@ collective while all of these hold:
 
 1. it does not depend on a member's result (forward taint over the bucket's id window);
 2. the merged payload stays within ``bucket_cap_mb``;
-3. the bucket's rank-invariant memory bound (``plan.extra_bytes_bound``) stays within ``memory_budget_bytes``;
+3. the bucket's rank-invariant memory bound (``plan.extra_bytes_bound``) stays within ``extra_bytes_limit``;
 4. one merged collective is cheaper than two (``cost(a + b) < cost(a) + cost(b)``).
 
 Whether a bucket can still be hidden under compute is judged afterwards, among whole plans
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..dag.graph import CollectiveOp, Dag
-from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, bucket_limit, extra_bytes_of,
+from .plan import (Bucket, BucketKey, BucketLimit, BucketPlanResult, CollectiveSurvey, GrowingBucket, bucket_limit,
                    make_bucket, surveyed)
 
 
@@ -35,22 +35,22 @@ def plan_auto(
     cost_model: CollectiveCost,
     *,
     bucket_cap_mb: float | None = None,
-    memory_budget_bytes: BucketLimit = None,
+    extra_bytes_limit: BucketLimit = None,
     bucket_non_fsdp: bool = False,
     survey: CollectiveSurvey | None = None,
 ) -> BucketPlanResult:
     """Greedy buckets per (op, group, reduce op, dtype) sequence; see the module docstring.
 
     bucket_cap_mb: largest merged payload, MiB (None: no cap).
-    memory_budget_bytes: largest ``extra_bytes_bound`` of one bucket, or a function of the bucket's op giving
-        it (None: no limit).
+    extra_bytes_limit: largest ``extra_bytes_bound`` of one bucket (a share of the graph's memory budget,
+        ``budget.MemoryBudget.limit``), or a function of the bucket's op giving it (None: no limit).
     survey: ``dag``'s collectives already judged with ``bucket_non_fsdp`` (``survey_collectives``), else
         judged here.
     """
     if bucket_cap_mb is not None and bucket_cap_mb <= 0:
         raise ValueError(f"bucket_cap_mb={bucket_cap_mb!r}: expected a positive number of MiB or None")
-    if isinstance(memory_budget_bytes, int) and memory_budget_bytes < 0:
-        raise ValueError(f"memory_budget={memory_budget_bytes!r} bytes: expected >= 0")
+    if isinstance(extra_bytes_limit, int) and extra_bytes_limit < 0:
+        raise ValueError(f"extra_bytes_limit={extra_bytes_limit!r} bytes: expected >= 0")
     cap_bytes = None if bucket_cap_mb is None else int(bucket_cap_mb * 2**20)
 
     survey = surveyed(dag, bucket_non_fsdp, survey)
@@ -61,7 +61,7 @@ def plan_auto(
     buckets: list[Bucket] = []
     for key, seq in sequences.items():
         buckets.extend(_plan_sequence(dag, seq, cost_model, cap_bytes,
-                                      bucket_limit(memory_budget_bytes, dag.nodes[seq[0]].collective), key))
+                                      bucket_limit(extra_bytes_limit, dag.nodes[seq[0]].collective), key))
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=dict(survey.unbucketed),
                             n_collectives_before=len(survey.collectives))
@@ -69,11 +69,8 @@ def plan_auto(
 
 def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int | None, limit: int | None,
                    key: tuple) -> list[Bucket]:
-    first = dag.nodes[seq[0]]
-    op = first.collective
-    # an all-reduce names only its group; when the group is not known to this process, price it as 2 ranks
-    group_size = first.group_size or 2
-    ranks = first.group_ranks
+    bucket = GrowingBucket(dag, seq[0])
+    op, group_size, ranks = bucket.op, bucket.group_size, dag.nodes[seq[0]].group_ranks
     label = f"auto:{key[0]}:{key[1]}:{key[3]}"
     cache: dict[int, float] = {}
 
@@ -84,36 +81,19 @@ def _plan_sequence(dag: Dag, seq: list[int], cm: CollectiveCost, cap_bytes: int 
             cache[nbytes] = v
         return v
 
-    preds = dag.preds
     out: list[Bucket] = []
-    members = [seq[0]]
-    # the bucket's payload, summed and smallest, kept as it grows (its bound needs only these)
-    total = first.comm_bytes
-    smallest = total
-    tainted = {seq[0]}
-    scanned = seq[0]
     for j in seq[1:]:
         bj = dag.nodes[j].comm_bytes
-        # 1. dependency: does j's input depend on a member? (taint the window up to j, once per bucket)
-        for v in range(scanned + 1, j):
-            if not tainted.isdisjoint(preds[v]):
-                tainted.add(v)
-        scanned = j
-        if not tainted.isdisjoint(preds[j]):
+        if bucket.depends_on_member(j):
             reason = "dependency"
-        elif cap_bytes is not None and total + bj > cap_bytes:
-            reason = "size_cap"
-        elif limit is not None and extra_bytes_of(op, total + bj, min(smallest, bj), group_size) > limit:
-            reason = "memory"
-        elif not cost(total + bj) < cost(total) + cost(bj):
-            reason = "latency"
         else:
-            members.append(j)
-            total += bj
-            smallest = min(smallest, bj)
-            tainted.add(j)
-            continue
-        out.append(make_bucket(dag, members, close_reason=reason, label=label))
-        members, total, smallest, tainted = [j], bj, bj, {j}
-    out.append(make_bucket(dag, members, close_reason="end", label=label))
+            reason = bucket.over_bound(j, cap_bytes, limit)
+            if reason is None and not cost(bucket.total + bj) < cost(bucket.total) + cost(bj):
+                reason = "latency"
+        if reason is None:
+            bucket.add(j)
+        else:
+            out.append(make_bucket(dag, bucket.members, close_reason=reason, label=label))
+            bucket.restart(j)
+    out.append(make_bucket(dag, bucket.members, close_reason="end", label=label))
     return out

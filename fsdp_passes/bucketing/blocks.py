@@ -141,18 +141,18 @@ def collective_blocks(dag: Dag, fqns: Mapping[int, str | None], keys: Mapping[in
 
 
 def plan_per_block(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns: Mapping[str, str] | None = None,
-                   cap_bytes: int | None = None, memory_budget_bytes: BucketLimit = None,
+                   cap_bytes: int | None = None, extra_bytes_limit: BucketLimit = None,
                    survey: CollectiveSurvey | None = None) -> BucketPlanResult:
     """One bucket per module block (see ``block_keys``) per (op, group, reduce op, dtype, group size).
 
     Members that depend on each other are split into runs (``close_reason="dependency"``).  A run is cut
     where the next member would take it over ``cap_bytes`` (``"size_cap"``) or its ``extra_bytes_bound`` over
-    ``memory_budget_bytes`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
+    ``extra_bytes_limit`` (``"memory"``), so both candidates obey the same per-bucket limits.  Collectives
     without an FQN are grouped by the graph's repeated structure (``repeated_blocks``); the rest stay alone.
     ``survey``: ``dag``'s collectives already judged with ``bucket_non_fsdp`` (``survey_collectives``).
     """
     survey = surveyed(dag, bucket_non_fsdp, survey)
-    pieces = _block_pieces(dag, survey, param_fqns, cap_bytes, memory_budget_bytes)
+    pieces = _block_pieces(dag, survey, param_fqns, cap_bytes, extra_bytes_limit)
     buckets = [make_bucket(dag, members, close_reason=why, label=label) for members, why, label in pieces]
     buckets.sort(key=lambda b: b.members[0])
     return BucketPlanResult(buckets=buckets, unbucketed=dict(survey.unbucketed),
@@ -171,7 +171,7 @@ def merged_block_buckets(dag: Dag, *, bucket_non_fsdp: bool = False, param_fqns:
 
 
 def _block_pieces(dag: Dag, survey: CollectiveSurvey, param_fqns: Mapping[str, str] | None, cap_bytes: int | None,
-                  memory_budget_bytes: BucketLimit) -> list[tuple[list[int], str, str]]:
+                  extra_bytes_limit: BucketLimit) -> list[tuple[list[int], str, str]]:
     """``plan_per_block``'s buckets as (members, close reason, label)."""
     keys = survey.keys
     nodes = dag.nodes
@@ -189,7 +189,7 @@ def _block_pieces(dag: Dag, survey: CollectiveSurvey, param_fqns: Mapping[str, s
         label = f"block:{block}"
         runs = split_dependent(dag, members)
         for r_idx, run in enumerate(runs):
-            for piece, why in cut_to_bound(dag, run, bucket_limit(memory_budget_bytes, dag.nodes[run[0]].collective),
+            for piece, why in cut_to_bound(dag, run, bucket_limit(extra_bytes_limit, dag.nodes[run[0]].collective),
                                            cap_bytes):
                 if why is None:
                     why = "dependency" if r_idx < len(runs) - 1 else "plan"

@@ -2,8 +2,9 @@
 
 A plan is pure data over DAG node ids; ``bucketing.rewrite`` applies it to the FX graph.  Helpers shared by
 the planners live here too: which collectives may be bucketed at all (``bucketability``), the key that
-members of one bucket must share (``bucket_key``), splitting a member list where one member depends on
-another (``split_dependent``) and the whole-plan cycle check (``plan_cycles``).
+members of one bucket must share (``bucket_key``), a bucket grown one member at a time under the planners'
+bounds (``GrowingBucket``), splitting a member list where one member depends on another (``split_dependent``)
+and the whole-plan cycle check (``plan_cycles``).
 """
 
 from __future__ import annotations
@@ -217,24 +218,66 @@ def split_dependent(dag: Dag, members: Sequence[int]) -> list[list[int]]:
     runs: list[list[int]] = []
     if not members:
         return runs
-    current = [members[0]]
-    tainted = {members[0]}
-    scanned = members[0]
-    preds = dag.preds
+    run = GrowingBucket(dag, members[0])
     for m in members[1:]:
-        for v in range(scanned + 1, m):  # v is not tainted yet: the window is scanned once
+        if run.depends_on_member(m):
+            runs.append(run.members)
+            run.restart(m)
+        else:
+            run.add(m)
+    runs.append(run.members)
+    return runs
+
+
+class GrowingBucket:
+    """A bucket grown one collective at a time along a run of one bucket key (ascending ids), as the planners
+    grow theirs: its members, their payload summed and smallest (all its ``extra_bytes_bound`` needs, kept as
+    it grows: linear, where re-summing per member was quadratic in its length), and the forward taint of its
+    id window (which nodes depend on a member's result: each id of the window is scanned once per bucket, ids
+    being a topological order)."""
+
+    __slots__ = ("nodes", "preds", "op", "group_size", "members", "total", "smallest", "tainted", "scanned")
+
+    def __init__(self, dag: Dag, first: int):
+        self.nodes, self.preds = dag.nodes, dag.preds
+        node = dag.nodes[first]
+        self.op = node.collective
+        self.group_size = node.group_size or 2  # an all-reduce's group may be unknown here: priced as 2 ranks
+        self.restart(first)
+
+    def restart(self, first: int) -> None:
+        """A new bucket holding ``first`` alone."""
+        self.members = [first]
+        self.total = self.smallest = self.nodes[first].comm_bytes
+        self.tainted = {first}
+        self.scanned = first
+
+    def depends_on_member(self, j: int) -> bool:
+        """Whether collective ``j`` (after every member) reads a member's result, directly or not."""
+        tainted, preds = self.tainted, self.preds
+        for v in range(self.scanned + 1, j):  # v is not tainted yet: the window is scanned once
             if not tainted.isdisjoint(preds[v]):
                 tainted.add(v)
-        scanned = m
-        if not tainted.isdisjoint(preds[m]):
-            runs.append(current)
-            current = [m]
-            tainted = {m}
-        else:
-            current.append(m)
-            tainted.add(m)
-    runs.append(current)
-    return runs
+        self.scanned = j
+        return not tainted.isdisjoint(preds[j])
+
+    def over_bound(self, j: int, cap_bytes: int | None, limit: int | None) -> str | None:
+        """Why adding ``j`` would break a bound: "size_cap" (merged payload above ``cap_bytes``), "memory"
+        (``extra_bytes_bound`` above ``limit``); None when it fits (a None bound is no bound)."""
+        total = self.total + self.nodes[j].comm_bytes
+        if cap_bytes is not None and total > cap_bytes:
+            return "size_cap"
+        if limit is not None and extra_bytes_of(self.op, total, min(self.smallest, self.nodes[j].comm_bytes),
+                                                self.group_size) > limit:
+            return "memory"
+        return None
+
+    def add(self, j: int) -> None:
+        bj = self.nodes[j].comm_bytes
+        self.members.append(j)
+        self.total += bj
+        self.smallest = min(self.smallest, bj)
+        self.tainted.add(j)
 
 
 def plan_cycles(dag: Dag, buckets: Iterable[Bucket]) -> list[int]:
@@ -394,29 +437,16 @@ def cut_to_bound(dag: Dag, run: Sequence[int], limit: int | None, cap_bytes: int
     None for the last piece).  A single collective always fits."""
     if not run:
         return []
-    nodes = dag.nodes
-    first = nodes[run[0]]
-    op, group_size = first.collective, first.group_size or 2
     out: list[tuple[list[int], str | None]] = []
-    cur: list[int] = [run[0]]
-    # the piece's payload, summed and smallest, kept as it grows (its bound needs only these: linear, where
-    # re-summing the piece per member was quadratic in its length)
-    total = smallest = first.comm_bytes
+    piece = GrowingBucket(dag, run[0])
     for j in run[1:]:
-        bj = nodes[j].comm_bytes
-        why = None
-        if cap_bytes is not None and total + bj > cap_bytes:
-            why = "size_cap"
-        elif limit is not None and extra_bytes_of(op, total + bj, min(smallest, bj), group_size) > limit:
-            why = "memory"
+        why = piece.over_bound(j, cap_bytes, limit)
         if why is None:
-            cur.append(j)
-            total += bj
-            smallest = min(smallest, bj)
-            continue
-        out.append((cur, why))
-        cur, total, smallest = [j], bj, bj
-    out.append((cur, None))
+            piece.add(j)
+        else:
+            out.append((piece.members, why))
+            piece.restart(j)
+    out.append((piece.members, None))
     return out
 
 

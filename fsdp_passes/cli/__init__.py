@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..debug.dag_json import DagJsonError
 from ..debug.reader import DumpError
@@ -50,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    demo = sub.add_parser(
-        "demo", formatter_class=_DefaultsFormatter,
+    demo = _add_command(
+        sub, "demo", cmd_demo,
         help="run the passes on a built-in Llama-style model (CPU, fake process group) and show the result",
         description="Build a Llama-style model, shard it SimpleFSDP-style over a fake process group, compile "
                     "forward and backward with the passes on (stopping after Inductor's scheduler), write dumps and "
@@ -69,10 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="./fsdp_dumps", help="dump folder (default ./fsdp_dumps)")
     demo.add_argument("--full-compile", action="store_true",
                       help="run a real torch.compile step (builds C++ kernels: much slower on CPU)")
-    demo.set_defaults(func=cmd_demo)
 
-    report = sub.add_parser(
-        "report", formatter_class=_DefaultsFormatter,
+    report = _add_command(
+        sub, "report", cmd_report,
         help="print the tables of a dump folder, or compare two",
         description="Print per-graph tables (collectives, exposed comm, makespan, peak memory before -> after, "
                     "lower bound) of a dump folder written with debug_dir; with a second folder, compare them "
@@ -80,10 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("dir", help="dump folder (the debug_dir, or one graph's folder in it)")
     report.add_argument("other", nargs="?", default=None, help="a second dump folder to compare with")
-    report.set_defaults(func=cmd_report)
 
-    simulate = sub.add_parser(
-        "simulate", formatter_class=_DefaultsFormatter,
+    simulate = _add_command(
+        sub, "simulate", cmd_simulate,
         help="what-if: re-estimate dumped graphs on another cluster profile / world size",
         description="Reload each graph's dag.json, re-estimate every node on another cluster profile (and world "
                     "size), and print the predicted time and exposed communication of the order before the pass, "
@@ -103,16 +101,22 @@ def build_parser() -> argparse.ArgumentParser:
                           help="what stays fixed when the world size changes (default model)")
     simulate.add_argument("--calibration", default=None, help="calibration JSON file to price nodes with")
     simulate.add_argument("--no-replan", action="store_true", help="do not run the planner again")
-    simulate.set_defaults(func=cmd_simulate)
 
-    cal = sub.add_parser(
-        "calibrate", formatter_class=_DefaultsFormatter,
+    cal = _add_command(
+        sub, "calibrate", calibrate.run,
         help="measure collective times on this machine / job and write a calibration table",
         description="Measure collective times (under torchrun: on the job's ranks; otherwise on --world-size local "
                     "gloo processes) and write a calibration JSON for Options(calibration=...).",
     )
     calibrate.add_arguments(cal)
-    cal.set_defaults(func=calibrate.run)
+    return parser
+
+
+def _add_command(sub: argparse._SubParsersAction, name: str, func: Callable[[argparse.Namespace], int], *,
+                 help: str, description: str) -> argparse.ArgumentParser:
+    """The parser of one command (``--help`` shows each option's default), which runs ``func``."""
+    parser = sub.add_parser(name, formatter_class=_DefaultsFormatter, help=help, description=description)
+    parser.set_defaults(func=func)
     return parser
 
 

@@ -251,7 +251,7 @@ def _peaks_per_graph(baseline: list, passes: list) -> list[str]:
     lines = ["peak memory per graph, without any pass -> with the passes (the rise is bounded by memory_budget):"]
     for b, p in zip(baseline, passes):
         before, after = b.summary["peak_memory_bytes_after"], p.summary["peak_memory_bytes_after"]
-        budget = (p.summary.get("extra") or {}).get("memory_budget_total_bytes")
+        budget = (p.summary.get("budget") or {}).get("memory_budget_bytes")
         rise = ("unchanged" if after == before else
                 f"+{format_bytes(after - before)}" if after > before else f"-{format_bytes(before - after)}")
         of = f" of a {format_bytes(budget)} budget" if budget is not None and after != before else ""

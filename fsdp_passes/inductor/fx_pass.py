@@ -20,10 +20,9 @@ from ..dag.from_fx import dag_from_fx
 from ..debug.dump import write_bucketing_dump
 from ..options import Options
 from ..pipeline import bucket_graph
-from ..pipeline.report import GraphReport, fill_schedule_numbers
+from ..pipeline.report import GraphReport, fill_unchanged_numbers
 from .failure_injection import injected
 from .guard import run_guarded
-from .scheduler_pass import unchanged_cost_model
 from .shard_shapes import warn_if_uneven_shards
 
 log = logging.getLogger("fsdp_passes")
@@ -86,29 +85,13 @@ def run_fx_pass(graph: fx.Graph, options: Options, graph_name: str) -> GraphRepo
         else:
             restore_order(order)
         report = GraphReport(graph=graph_name, pass_name="fx", fallback=reason, options=options.to_json())
-        _unchanged_numbers(report, graph, options)
+        fill_unchanged_numbers(report, lambda: dag_from_fx(graph), options)
         return report
 
     report = run_guarded("fx", options, attempt, lambda reason: fallback(f"pass failed, graph left unchanged: {reason}"),
                          lambda reason: fallback(f"left untouched: {reason}"))
     write_bucketing_dump(options.debug_dir, report)
     return report
-
-
-def _unchanged_numbers(report: GraphReport, graph: fx.Graph, options: Options) -> None:
-    """Fill a fallback ``report`` with the numbers of the graph as it was left (before == after): its
-    collective count and, when the cost model can be built, its simulated time and memory.  Never raises."""
-    try:
-        dag = dag_from_fx(graph)
-        report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
-        cost_model = unchanged_cost_model(options, report)
-        if cost_model is not None:
-            identity = list(range(len(dag)))
-            durations = cost_model.estimate(dag)
-            fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations),
-                                  cost_model.overlap_costs())
-    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
-        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
 
 
 __all__ = ["run_fx_pass"]

@@ -13,7 +13,7 @@ from ..dag.gc_pause import collector_paused
 from ..debug.dump import write_scheduler_dump
 from ..options import Options
 from ..pipeline.reorder_graph import finish_graph_report, plan_graph_order
-from ..pipeline.report import GraphReport, fill_schedule_numbers
+from ..pipeline.report import GraphReport, fill_unchanged_numbers
 from .failure_injection import injected
 from .scheduler_adapter import dag_from_scheduler_nodes
 
@@ -66,43 +66,16 @@ def reorder_scheduler_nodes(
     return [nodes[i] for i in order], report
 
 
-def unchanged_cost_model(options: Options, report: GraphReport) -> Any:
-    """The cost model to simulate a graph a pass left unchanged: the options' one, else the cluster profile
-    alone (the calibration may be what failed), else None; what was dropped goes into ``report.extra``."""
-    from ..cost_model import CostModel, load_profile
-
-    try:
-        return CostModel.from_options(options.cluster, options.calibration)
-    except Exception as exc:
-        report.extra["cost_model_note"] = f"calibration not used ({type(exc).__name__}: {exc})"
-    try:
-        return CostModel(load_profile(options.cluster))
-    except Exception as exc:
-        report.extra["cost_model_note"] = f"no cost model ({type(exc).__name__}: {exc})"
-        return None
-
-
 def unchanged_schedule_report(nodes: Sequence[Any], options: Options, graph_name: str, reason: str,
                               fx_report: GraphReport | None = None) -> GraphReport:
     """The report (and, with ``options.debug_dir``, the dump) of a graph whose input order was kept because
     the pass fell back: the unchanged schedule, its simulation and ``reason``.  ``fx_report``: what the FX
     pass did to the same graph (folded into the dump).  Never raises."""
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json(), fallback=reason)
-    try:
-        dag = dag_from_scheduler_nodes(list(nodes))
-        cost_model = unchanged_cost_model(options, report)
-        if cost_model is not None:
-            identity = list(range(len(dag)))
-            durations = cost_model.estimate(dag)
-            overlap = cost_model.overlap_costs()
-            timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations),
-                                              overlap)
-            from ..debug import write_scheduler_dump
-
-            write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
-                                 fx_report=fx_report, overlap=overlap)
-        else:
-            report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
-    except Exception as exc:  # the graph is left alone anyway; the report says what could not be shown
-        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+    simulated = fill_unchanged_numbers(report, lambda: dag_from_scheduler_nodes(list(nodes)), options)
+    if simulated is not None:
+        dag, durations, overlap, timelines = simulated
+        identity = list(range(len(dag)))
+        write_scheduler_dump(options.debug_dir, report, dag, durations, identity, identity, timelines,
+                             fx_report=fx_report, overlap=overlap)
     return report  # not logged again: run_guarded already said why the pass fell back

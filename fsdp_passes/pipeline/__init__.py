@@ -11,10 +11,11 @@ from __future__ import annotations
 from .bucket_graph import BucketingResult, bucket_graph
 from .plans import plan_bucketing
 from .reorder_graph import finish_graph_report, plan_graph_order
-from .report import GraphReport, collective_fingerprint, collective_sequence, fill_schedule_numbers
+from .report import GraphBudget, GraphReport, collective_fingerprint, collective_sequence, fill_schedule_numbers
 
 __all__ = [
     "BucketingResult",
+    "GraphBudget",
     "GraphReport",
     "bucket_graph",
     "collective_fingerprint",

@@ -125,7 +125,7 @@ def bucket_graph(
         node order undoes.  ``inductor.fx_pass`` copies the graph there, for its fallback.
 
     Memory: the plan's rank-invariant claim (``budget.memory_claim``) stays within ``memory_budget``; the
-    claim is reported (``report.extra["memory_budget_used_bytes"]``) and the scheduler pass keeps the rest.
+    claim is reported (``report.budget``) and the scheduler pass keeps the rest.
 
     Manual plan entries that match nothing raise ``UnmatchedPlanEntry`` (a ``ValueError``) when
     ``options.strict``; otherwise they are reported in the result and warned about.
@@ -262,13 +262,12 @@ def _report(result: BucketingResult, before: Dag, after: Dag, options: Options, 
     kernels predicted from the FX graph: for information, the promise is kept at the scheduler level) with a
     cost model.  ``before`` / ``after``: the DAGs of the graph before and after the pass (the same object when
     it is unchanged); ``before_kernels``: ``predict_kernels(before)``, taken before the rewrite."""
-    from .report import GraphReport, collective_fingerprint, fill_schedule_numbers
+    from .report import GraphBudget, GraphReport, collective_fingerprint, fill_schedule_numbers
 
     report = GraphReport(graph=graph_name, pass_name="fx", n_collectives_before=result.n_collectives_before,
                          n_collectives_after=result.n_collectives_after, options=options.to_json())
     report.extra["bucketing"] = result.to_json()
-    report.extra["memory_budget_bytes"] = result.memory_budget_bytes
-    report.extra["memory_budget_used_bytes"] = result.memory_budget_used_bytes
+    report.budget = GraphBudget(result.memory_budget_bytes, result.memory_budget_used_bytes)
     report.collective_fingerprint = collective_fingerprint(after)
     if cost_model is not None:
         from ..dag.fusion import predict_kernels

@@ -142,13 +142,13 @@ class AutoChoice:
     plan: BucketPlanResult
     chosen: str
     candidates: list[CandidateScore]
-    budget_bytes: int
+    memory_budget_bytes: int  # the graph's memory budget, bytes
     note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "chosen": self.chosen,
-            "memory_budget_bytes": self.budget_bytes,
+            "memory_budget_bytes": self.memory_budget_bytes,
             "score": (f"overlap model: makespan (within {SCORE_RESOLUTION:.0%} of the best counts as equal), "
                       "then fewer collectives, exposed comm, index"),
             "candidates": [c.to_json() for c in self.candidates],
@@ -376,13 +376,13 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
     cap_bytes = None if options.bucket_cap_mb is None else int(options.bucket_cap_mb * 2**20)
 
     def greedy(cap_mb: float | None) -> BucketPlanResult:
-        return break_cycles(dag, plan_auto(dag, cost_model, bucket_cap_mb=cap_mb, memory_budget_bytes=limit,
+        return break_cycles(dag, plan_auto(dag, cost_model, bucket_cap_mb=cap_mb, extra_bytes_limit=limit,
                                            bucket_non_fsdp=options.bucket_non_fsdp, survey=survey))
 
     greedy_plan = greedy(options.bucket_cap_mb)
     per_block = break_cycles(dag, plan_per_block(dag, bucket_non_fsdp=options.bucket_non_fsdp,
                                                  param_fqns=param_fqns, cap_bytes=cap_bytes,
-                                                 memory_budget_bytes=limit, survey=survey))
+                                                 extra_bytes_limit=limit, survey=survey))
     fit_to_budget(dag, greedy_plan, budget)
     fit_to_budget(dag, per_block, budget)
     plans: list[tuple[str, BucketPlanResult | None, str | None]] = [
@@ -428,7 +428,7 @@ def choose_auto_plan(dag: Dag, options: Any, cost_model: Any, budget: MemoryBudg
     fastest = min(valid, key=CandidateScore.key)  # "none" claims nothing: never rejected
     near = [s for s in valid if s.makespan_ms <= fastest.makespan_ms * (1.0 + SCORE_RESOLUTION)]
     best = min(near, key=lambda s: (s.n_collectives, s.key()))
-    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, budget_bytes=budget.total)
+    return AutoChoice(plan=best.plan, chosen=best.name, candidates=scores, memory_budget_bytes=budget.total)
 
 
 __all__ = ["AutoChoice", "CANDIDATES", "CandidateScore", "GraphStructure", "choose_auto_plan", "score_plan"]

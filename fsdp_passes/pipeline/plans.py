@@ -58,7 +58,7 @@ def plan_bucketing(
         if cost_model is None:
             cost_model = CostModel.from_options(options.cluster, options.calibration)
         plan = plan_auto(dag, cost_model, bucket_cap_mb=options.bucket_cap_mb,
-                         memory_budget_bytes=budget.limit, bucket_non_fsdp=options.bucket_non_fsdp, survey=survey)
+                         extra_bytes_limit=budget.limit, bucket_non_fsdp=options.bucket_non_fsdp, survey=survey)
         fit_to_budget(dag, plan, budget)
     else:
         raise ValueError(f"fsdp_passes option bucketing={mode!r} is not valid: expected 'auto', 'manual' or 'none'")

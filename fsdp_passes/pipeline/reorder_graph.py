@@ -13,7 +13,7 @@ from ..dag.graph import Dag
 from ..options import Options
 from ..reordering import plan_order
 from ..simulate import OverlapCosts, Timeline
-from .report import GraphReport, fill_schedule_numbers
+from .report import GraphBudget, GraphReport, fill_schedule_numbers
 
 log = logging.getLogger("fsdp_passes")
 
@@ -23,27 +23,23 @@ __all__ = ["finish_graph_report", "plan_graph_order"]
 def plan_graph_order(dag: Dag, durations: list[float], options: Options, report: GraphReport,
                      fx_report: GraphReport | None = None, overlap: OverlapCosts | None = None) -> list[int]:
     """The order to run ``dag`` in: ``plan_order`` within the memory budget the FX pass of the same graph
-    (``fx_report``: its ``memory_budget_bytes`` less its ``memory_budget_used_bytes``) left, or the graph
-    order without ``options.reorder``.  Notes what it did in ``report``; without an FX report the budget is
+    (``fx_report.budget``) left, or the graph order without ``options.reorder``.  Notes what it did in ``report``; without an FX report the budget is
     taken of this DAG as the FX pass does (``budget.graph_memory_budget``).  ``overlap``: what overlapping
     costs (``CostModel.overlap_costs``), for the plan as for the report."""
     identity = list(range(len(dag)))
     # one budget per graph, kept end to end: the FX pass took its claim (bucketing, gather placement: a
     # bound from payloads) out of it; reordering gets the rest over the order Inductor built
-    if fx_report is not None and fx_report.fallback is None and "memory_budget_bytes" in fx_report.extra:
-        total = int(fx_report.extra["memory_budget_bytes"])
-        used = int(fx_report.extra["memory_budget_used_bytes"])
+    if fx_report is not None and fx_report.fallback is None and fx_report.budget is not None:
+        report.budget = fx_report.budget
     else:
         from .budget import graph_memory_budget
 
-        total, used = graph_memory_budget(dag, options).total, 0
-    budget = max(0, total - used)
-    report.extra["memory_budget_total_bytes"] = total
-    report.extra["memory_budget_used_by_fx_pass"] = used
-    report.extra["memory_budget_bytes"] = budget
+        report.budget = GraphBudget(graph_memory_budget(dag, options).total, 0)
+    budget = report.budget.reorder_budget_bytes
+    report.extra["reorder_budget_bytes"] = budget
     if not options.reorder:
         return identity
-    if budget == 0 and used > 0:
+    if budget == 0 and report.budget.memory_budget_used_bytes > 0:
         report.extra["note"] = ("bucketing used the whole memory_budget: nothing can be prefetched; "
                                 "raise memory_budget to let the reordering prefetch")
         log.info("fsdp_passes %s: %s", report.graph, report.extra["note"])
@@ -62,10 +58,10 @@ def finish_graph_report(report: GraphReport, dag: Dag, durations: list[float], o
     ``time.perf_counter()`` value) and log it; returns both timelines."""
     identity = list(range(len(dag)))
     timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, order, durations), overlap)
-    if "memory_budget_bytes" in report.extra:
+    if report.budget is not None:
         # peak_memory_bytes_before is Inductor's order of the graph it was given (without bucketing: the
         # no-pass peak); the final order keeps within it plus what the FX pass left of the budget
-        report.extra["memory_limit_bytes"] = report.peak_memory_bytes_before + report.extra["memory_budget_bytes"]
+        report.extra["memory_limit_bytes"] = report.peak_memory_bytes_before + report.budget.reorder_budget_bytes
     report.pass_time_s = time.perf_counter() - start
     log.info("fsdp_passes %s", report.one_line())
     return timelines

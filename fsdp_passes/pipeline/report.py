@@ -6,10 +6,26 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..dag.graph import Dag, NodeKind
+from ..options import Options
 from ..simulate import OverlapCosts, Timeline, lower_bound, simulate
+
+
+@dataclass(frozen=True)
+class GraphBudget:
+    """A graph's memory budget, as the FX pass hands it to the scheduler pass of the same graph: the budget in
+    bytes (``Options.memory_budget_bytes`` of the graph) and the FX pass's claim on it (``budget.memory_claim``
+    of its plan: bucketing and gather placement).  Reordering may raise the peak by the rest."""
+
+    memory_budget_bytes: int
+    memory_budget_used_bytes: int
+
+    @property
+    def reorder_budget_bytes(self) -> int:
+        """What the FX pass left of the budget: how far reordering may raise the peak of its input order."""
+        return max(0, self.memory_budget_bytes - self.memory_budget_used_bytes)
 
 
 @dataclass
@@ -29,6 +45,7 @@ class GraphReport:
     collective_fingerprint: str = ""
     collectives_moved: int = 0
     fallback: str | None = None  # why the original graph / order was kept, if it was
+    budget: GraphBudget | None = None  # the graph's memory budget (a pass that fell back has none)
     options: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     # set once the DEBUG log has said why nodes moved (``debug.log_move_reasons``); not annotated, so not a
@@ -105,3 +122,42 @@ def fill_schedule_numbers(
     report.collective_fingerprint = collective_fingerprint(after[0], after[1])
     report.extra["collective_sequence"] = collective_sequence(after[0], after[1])
     return t_before, t_after
+
+
+def fill_unchanged_numbers(report: GraphReport, build_dag: Callable[[], Dag], options: Options
+                           ) -> tuple[Dag, list[float], OverlapCosts, tuple[Timeline, Timeline]] | None:
+    """Fill the ``report`` of a graph a pass left unchanged (it fell back) with the numbers of the graph as it
+    was left, before == after: its collective count (of the DAG ``build_dag`` returns) and, when a cost model
+    can be built from ``options``, its simulated time and memory.  Returns what that simulation used (the
+    DAG, its durations, the overlap costs, both timelines) for a dump, or None when nothing was simulated.
+    Never raises: the graph is left alone anyway, and the report says what could not be shown."""
+    try:
+        dag = build_dag()
+        report.n_collectives_before = report.n_collectives_after = len(dag.collectives())
+        cost_model = _unchanged_cost_model(options, report)
+        if cost_model is None:
+            return None
+        identity = list(range(len(dag)))
+        durations = cost_model.estimate(dag)
+        overlap = cost_model.overlap_costs()
+        timelines = fill_schedule_numbers(report, (dag, identity, durations), (dag, identity, durations), overlap)
+        return dag, durations, overlap, timelines
+    except Exception as exc:
+        report.extra["numbers_unavailable"] = f"{type(exc).__name__}: {exc}"
+        return None
+
+
+def _unchanged_cost_model(options: Options, report: GraphReport) -> Any:
+    """The cost model to simulate a graph a pass left unchanged: the options' one, else the cluster profile
+    alone (the calibration may be what failed), else None; what was dropped goes into ``report.extra``."""
+    from ..cost_model import CostModel, load_profile
+
+    try:
+        return CostModel.from_options(options.cluster, options.calibration)
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"calibration not used ({type(exc).__name__}: {exc})"
+    try:
+        return CostModel(load_profile(options.cluster))
+    except Exception as exc:
+        report.extra["cost_model_note"] = f"no cost model ({type(exc).__name__}: {exc})"
+        return None

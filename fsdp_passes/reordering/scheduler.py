@@ -235,13 +235,7 @@ class ListScheduler:
                     self.holds_total -= mine
                 for r in rs:
                     held[r] -= 1
-        self.memory.run(i)
-        if self.holds_valid:
-            held = self.held_by_overdue
-            for r in self.memory.uses[i]:
-                if held[r]:  # a buffer an overdue wait holds has one user less: what it holds may change
-                    self.holds_valid = False
-                    break
+        self._run_memory(i)
         self.scheduled[i] = 1
         self.order.append(i)
         if kind != WAIT:  # a wait released its consumers when it became pending
@@ -255,39 +249,23 @@ class ListScheduler:
             if nxt >= 0 and self.unmet[nxt] == 0 and not self.scheduled[nxt]:
                 self._push_cand(nxt)
 
-    def _run_compute(self, i: int) -> None:
-        """``_place`` for a compute node (most nodes): the clock's and the memory tracker's steps written out,
-        and its successors that become available filed here when they are compute nodes too."""
-        clock = self.clock
-        if clock.slowdown > 0.0:
-            clock.run_compute(i)
-        else:  # ``StreamClock.run_compute`` without overlap costs
-            t = clock.now
-            clock.issue[i] = t
-            clock.start[i] = t
-            e = t + self.durations[i]
-            clock.busy += e - t
-            clock.end[i] = e
-            clock.now = e
-        # ``MemoryTracker.run``, and whether a buffer an overdue wait holds lost a user
+    def _run_memory(self, i: int) -> None:
+        """Node ``i`` runs now: the memory tracker's step, and whether what the overdue waits hold may change."""
         memory = self.memory
-        live = memory.live + self.alloc[i]
-        during = live
-        remaining = memory.remaining
-        size = memory.buffer_bytes
-        valid = self.holds_valid
-        held = self.held_by_overdue
-        for r in memory.uses[i]:
-            k = remaining[r] - 1
-            remaining[r] = k
-            if k == 0:
-                live -= size[r]
-            if valid and held[r]:
-                valid = False
-        memory.live = live
-        if during > memory.peak:
-            memory.peak = during
-        self.holds_valid = valid
+        memory.run(i)
+        if self.holds_valid:
+            held = self.held_by_overdue
+            for r in memory.uses[i]:
+                if held[r]:  # a buffer an overdue wait holds has one user less: what it holds may change
+                    self.holds_valid = False
+                    break
+
+    def _run_compute(self, i: int) -> None:
+        """``_place`` for a compute node (most nodes), with its successors that become available filed here when
+        they are compute nodes too."""
+        clock = self.clock
+        clock.run_compute(i)
+        self._run_memory(i)
         self.scheduled[i] = 1
         self.order.append(i)
         structure = self.structure

@@ -406,7 +406,7 @@ def test_plan_auto_on_100k_nodes():
     dag = _synthetic_dag(n_layers=3600)  # 3600 * (4 * 3 + 20) = 115200 nodes, 14400 all-gathers
     assert len(dag) > 100_000
     cm = CostModel.from_options("h100-nvlink")
-    plan = plan_auto(dag, cm, bucket_cap_mb=64, memory_budget_bytes=1 << 30)
+    plan = plan_auto(dag, cm, bucket_cap_mb=64, extra_bytes_limit=1 << 30)
     assert not plan_cycles(dag, plan.buckets)
     assert plan.n_collectives_after < plan.n_collectives_before
 

@@ -110,11 +110,14 @@ def test_one_memory_budget_for_both_passes(fake_pg):
     checked = 0
     for sched in (r for r in reports if r.pass_name == "scheduler"):
         fx = next(r for r in reports if r.pass_name == "fx" and r.graph == sched.graph)
-        used = sched.extra["memory_budget_used_by_fx_pass"]
-        assert used == fx.extra["memory_budget_used_bytes"] <= fx.extra["memory_budget_bytes"]
-        assert sched.extra["memory_budget_total_bytes"] == fx.extra["memory_budget_bytes"] > 0
-        assert sched.extra["memory_budget_bytes"] == max(0, sched.extra["memory_budget_total_bytes"] - used)
-        assert sched.peak_memory_bytes_after - sched.peak_memory_bytes_before <= sched.extra["memory_budget_bytes"]
+        # the FX pass hands its budget and its plan's claim on it over, as its plan reported them
+        assert sched.budget == fx.budget
+        total, used = fx.budget.memory_budget_bytes, fx.budget.memory_budget_used_bytes
+        assert (total, used) == (fx.extra["bucketing"]["memory_budget_bytes"],
+                                 fx.extra["bucketing"]["memory_budget_used_bytes"])
+        assert 0 <= used <= total and total > 0
+        assert sched.extra["reorder_budget_bytes"] == max(0, total - used)
+        assert sched.peak_memory_bytes_after - sched.peak_memory_bytes_before <= sched.extra["reorder_budget_bytes"]
         checked += used > 0
     assert checked >= 1  # the backward's placement / bucketing did use part of the budget
     # the scheduler pass found the FX pass's record of its own graph, forward and backward

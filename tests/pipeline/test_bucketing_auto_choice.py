@@ -91,7 +91,7 @@ def test_chosen_plan_is_best_by_the_simulator(mlp, which, cluster):
     assert winner.n_collectives == min(c.n_collectives for c in near)
     # every candidate's memory claim is within the budget
     for c in scored:
-        assert c.extra_bytes <= choice.budget_bytes
+        assert c.extra_bytes <= choice.memory_budget_bytes
     # the report says which candidate won and why
     doc = r.report.extra["bucketing"]["auto_choice"]
     json.dumps(doc)
@@ -142,7 +142,7 @@ def test_budget_respected(mlp, budget):
         options = Options(bucketing="auto", memory_budget=budget)
         limit = graph_memory_budget(dag, options).total
         r = bucket_graph(_copy(gm), options)
-        assert r.choice.budget_bytes == limit
+        assert r.choice.memory_budget_bytes == limit
         for c in r.choice.candidates:
             if c.extra_bytes is not None:
                 assert c.rejected is not None or c.extra_bytes <= limit, c

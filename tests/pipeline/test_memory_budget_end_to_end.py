@@ -87,7 +87,7 @@ def test_final_peak_within_no_pass_peak_plus_budget(fake_pg, fresh_inductor, bas
         if budget == "2 blocks":
             # a block is the per-block plan's claim, found on the graph the pass sees: the reported budget,
             # at least the claim of one merged block bucket when the FX pass planned it
-            budget_bytes = report.extra["memory_budget_total_bytes"]
+            budget_bytes = report.budget.memory_budget_bytes
             assert budget_bytes > 0
         else:
             budget_bytes = Options(memory_budget=budget).memory_budget_bytes(payload, 0)
@@ -95,15 +95,16 @@ def test_final_peak_within_no_pass_peak_plus_budget(fake_pg, fresh_inductor, bas
             f"{measure.graph_name}: final peak {measure.peak_bytes} B > no-pass peak {base_peak} B + budget "
             f"{budget_bytes} B")
         # the report states the budget and the final peak (measured independently here)
-        assert report.extra["memory_budget_total_bytes"] == budget_bytes
+        assert report.budget.memory_budget_bytes == budget_bytes
         assert report.peak_memory_bytes_after == measure.peak_bytes
-        assert report.extra["memory_limit_bytes"] == report.peak_memory_bytes_before + report.extra["memory_budget_bytes"]
+        assert report.extra["memory_limit_bytes"] == (report.peak_memory_bytes_before
+                                                      + report.extra["reorder_budget_bytes"])
         if mode == "none":  # the graph Inductor ordered is the no-pass graph: its peak is the baseline
             assert report.peak_memory_bytes_before == base_peak
         fx = [r for r in reports if r.pass_name == "fx" and r.graph == report.graph]
         if mode != "none":
-            assert fx and fx[0].extra["memory_budget_bytes"] == budget_bytes
-            assert fx[0].extra["memory_budget_used_bytes"] <= budget_bytes
+            assert fx and fx[0].budget.memory_budget_bytes == budget_bytes
+            assert fx[0].budget.memory_budget_used_bytes <= budget_bytes
         if budget == 0:
             assert measure.peak_bytes <= base_peak
 
