@@ -97,6 +97,7 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
     reduce_waits: dict[fx.Node, Any] = {}  # merged reduce-scatter / all-reduce wait -> its group argument
     # erased member node -> (node standing in for it as a dependency source, as a dependency target)
     stand_in: dict[fx.Node, tuple[fx.Node, fx.Node]] = {}
+    merged: list[fx.Node] = []  # per bucket of ``multi``, its merged collective
 
     for k, b in enumerate(multi):
         colls = [dag.nodes[m].origin for m in b.members]
@@ -152,8 +153,11 @@ def apply_buckets(graph: fx.Graph | fx.GraphModule, dag: Dag, buckets: Sequence[
         stats.n_collectives_removed += len(colls) - 1
         stats.n_nodes_added += len(made)
         stats.collectives.append(new_coll.name)
+        merged.append(new_coll)
 
     extra = _ordering_edges(dag, stand_in)
+    for earlier, later in _group_order_edges(dag, multi, merged):
+        extra.setdefault(later, set()).add(earlier)
     _stable_sort(g, prio, extra)
     if bound_reduce_waits:
         _bound_reduce_waits(g, reduce_waits)
@@ -228,6 +232,36 @@ def _hoist(first_use: fx.Node, inputs: list, k: int, positions: dict, prio: dict
             seen.add(q)
             stack.append(q)
     return moved
+
+
+def _group_order_edges(dag: Dag, multi: Sequence[Bucket], merged: Sequence[fx.Node]
+                       ) -> list[tuple[fx.Node, fx.Node]]:
+    """Per process group, (earlier, later) pairs chaining its collectives in the order they are issued after the
+    merge: each collective keeps its place in the group's original sequence, a merged all-gather takes its
+    first member's place, a merged reduction its last member's (where its last input is ready).
+
+    The original sequences are the same on every rank; the graph around them need not be (a rank holding a
+    padded shard has more nodes, a compute node may sit on either side of an input), so the merged collectives
+    are placed among the others by these places alone, never by where their inputs happen to lie."""
+    place: dict[int, tuple[str, int]] = {}
+    for group, seq in dag.group_sequences().items():
+        for k, c in enumerate(seq):
+            place[c] = (group, k)
+    slots: dict[str, list[tuple[int, fx.Node]]] = {}
+    in_bucket = set()
+    for b, coll in zip(multi, merged):
+        in_bucket.update(b.members)
+        anchor = min(b.members) if b.op is CollectiveOp.ALL_GATHER else max(b.members)
+        group, k = place[anchor]
+        slots.setdefault(group, []).append((k, coll))
+    for c, (group, k) in place.items():
+        if c not in in_bucket:
+            slots.setdefault(group, []).append((k, dag.nodes[c].origin))
+    pairs = []
+    for items in slots.values():
+        items.sort(key=lambda item: item[0])
+        pairs.extend((a, b) for (_, a), (_, b) in zip(items, items[1:]))
+    return pairs
 
 
 def _ordering_edges(dag: Dag, stand_in: dict) -> dict[fx.Node, set[fx.Node]]:
