@@ -387,6 +387,9 @@ def data_parallel(
     it, and the gradient contributions are summed before they reach ``param.grad``.  One converted by an
     earlier call under another module keeps that call's settings.
 
+    ``model`` becomes a :class:`DataParallelModule`: ``set_requires_gradient_sync`` / ``set_requires_all_reduce``
+    switch gradient reduction off for gradient accumulation without communication, as with ``fully_shard``.
+
     Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
     already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode.
     """
