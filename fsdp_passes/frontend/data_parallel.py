@@ -233,7 +233,7 @@ class DataParallelModule:
         replicate).  ``False``: gradient accumulation without communication; each parameter accumulates its
         local unsharded gradient (in ``reduce_dtype``, a full-size tensor per parameter on every rank) and the
         next backward with sync on reduces that sum together with its own gradient, then frees it."""
-        for state in self._fsdp_switched("set_requires_gradient_sync", "requires_gradient_sync",
+        for state in self._states_to_switch("set_requires_gradient_sync", "requires_gradient_sync",
                                          requires_gradient_sync, recurse):
             state.requires_gradient_sync = requires_gradient_sync
             state.requires_all_reduce = requires_gradient_sync
@@ -242,11 +242,11 @@ class DataParallelModule:
         """Whether backward all-reduces the gradients over the replica group (hybrid shard, replicate) while it
         reduce-scatters them: ``False`` accumulates the reduce-scattered shards (in ``reduce_dtype``) until a
         backward with it on adds them before its all-reduce.  No effect in ``fully_shard`` mode."""
-        for state in self._fsdp_switched("set_requires_all_reduce", "requires_all_reduce", requires_all_reduce,
+        for state in self._states_to_switch("set_requires_all_reduce", "requires_all_reduce", requires_all_reduce,
                                          recurse):
             state.requires_all_reduce = requires_all_reduce
 
-    def _fsdp_switched(self, method: str, arg: str, value: Any, recurse: Any) -> list[_ShardedParam]:
+    def _states_to_switch(self, method: str, arg: str, value: Any, recurse: Any) -> list[_ShardedParam]:
         for name, v in ((arg, value), ("recurse", recurse)):
             if not isinstance(v, bool):
                 raise ValueError(f"{method}: {name}={v!r}; expected True or False")
