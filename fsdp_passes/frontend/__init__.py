@@ -8,6 +8,7 @@ Uses torch only (no Inductor import): it runs eagerly as well as compiled.
 """
 
 from ._gather import FSDP_PARAM_META_KEY
-from .data_parallel import MODES, FSDPParam, MixedPrecisionPolicy, data_parallel, sharded_params
+from .data_parallel import MODES, DataParallelModule, FSDPParam, MixedPrecisionPolicy, data_parallel, sharded_params
 
-__all__ = ["FSDP_PARAM_META_KEY", "FSDPParam", "MODES", "MixedPrecisionPolicy", "data_parallel", "sharded_params"]
+__all__ = ["FSDP_PARAM_META_KEY", "DataParallelModule", "FSDPParam", "MODES", "MixedPrecisionPolicy", "data_parallel",
+           "sharded_params"]

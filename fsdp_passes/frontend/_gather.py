@@ -23,19 +23,34 @@ class GatherShard(torch.autograd.Function):
     ``grad_scale``, reduce-scatter it (sum), all-reduce it over the replica group (hybrid shard / replicate)
     and cast it to the shard's dtype.  The padding rows of the gradient are zeros before the reduction, so
     they are zero after it: the optimizer never moves them.
+
+    Gradient accumulation without communication: with ``reduce`` false the backward issues no collective and
+    returns the unsharded gradient (in ``reduce_dtype``) as the gradient of ``sink``, a leaf whose ``.grad``
+    autograd accumulates across backwards.  With ``all_reduce`` false (and a replica group) the reduce-scattered
+    shard goes to ``sink`` instead of the all-reduce.  A later reducing backward adds what was accumulated
+    (``pending_unsharded`` before the reduce-scatter, ``pending_partial`` before the all-reduce), so each
+    collective is issued once, on the sum.
     """
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, param_dtype: Optional[torch.dtype], reduce_dtype: torch.dtype,
-                full_rows: int, gather_size: int, gather_group: Optional[str], reduce_scatter_group: Optional[str],
-                all_reduce_group: Optional[str], grad_scale: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, shard: torch.Tensor, sink: Optional[torch.Tensor], pending_unsharded: Optional[torch.Tensor],
+                pending_partial: Optional[torch.Tensor], reduce: bool, all_reduce: bool,
+                param_dtype: Optional[torch.dtype], reduce_dtype: torch.dtype, full_rows: int, gather_size: int,
+                gather_group: Optional[str], reduce_scatter_group: Optional[str], all_reduce_group: Optional[str],
+                grad_scale: float) -> torch.Tensor:  # type: ignore[override]
         ctx.shard_dtype = shard.dtype
         ctx.reduce_dtype = reduce_dtype
         ctx.gather_size = gather_size
         ctx.reduce_scatter_group = reduce_scatter_group
         ctx.all_reduce_group = all_reduce_group
         ctx.grad_scale = grad_scale
+        ctx.reduce = reduce
+        ctx.all_reduce = all_reduce
         ctx.padded_rows = shard.shape[0] * gather_size if shard.dim() else 0
+        # not save_for_backward: under "reshard after forward" unpacking saved tensors re-runs the checkpointed
+        # gather, an all-gather the backward does not need (these are inputs, nothing to recompute)
+        ctx.pending_unsharded = pending_unsharded
+        ctx.pending_partial = pending_partial
         x = shard if param_dtype is None or param_dtype == shard.dtype else shard.to(param_dtype)
         if gather_group is None:
             return x.view_as(x) if x is shard else x
@@ -45,6 +60,10 @@ class GatherShard(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         g = grad.to(ctx.reduce_dtype)
+        if not ctx.reduce:  # accumulated locally, unsharded: no collective
+            return (None, g) + (None,) * 12
+        if ctx.pending_unsharded is not None:
+            g = g + ctx.pending_unsharded
         if ctx.grad_scale != 1.0:
             g = g * ctx.grad_scale
         if ctx.reduce_scatter_group is not None:
@@ -54,8 +73,12 @@ class GatherShard(torch.autograd.Function):
             g = _funcol.wait_tensor(
                 _funcol.reduce_scatter_tensor(g.contiguous(), "sum", ctx.gather_size, ctx.reduce_scatter_group))
         if ctx.all_reduce_group is not None:
+            if not ctx.all_reduce:  # reduce-scattered, accumulated until an all-reducing backward
+                return (None, g) + (None,) * 12
+            if ctx.pending_partial is not None:
+                g = g + ctx.pending_partial
             g = _funcol.wait_tensor(_funcol.all_reduce(g.contiguous(), "sum", ctx.all_reduce_group))
-        return g.to(ctx.shard_dtype), None, None, None, None, None, None, None, None
+        return (g.to(ctx.shard_dtype),) + (None,) * 13
 
 
 _RECOMPUTED_OPS = (

@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ._gather import gather_full
 
-__all__ = ["data_parallel", "MixedPrecisionPolicy", "FSDPParam", "sharded_params", "MODES"]
+__all__ = ["data_parallel", "DataParallelModule", "MixedPrecisionPolicy", "FSDPParam", "sharded_params", "MODES"]
 
 MODES = ("fully_shard", "hybrid_shard", "replicate")
 
@@ -56,7 +56,16 @@ class FSDPParam:
 
 class _ShardedParam:
     """Runtime state of one converted parameter: the padded shard (an autograd leaf) and the user's DTensor
-    parameter viewing its real rows."""
+    parameter viewing its real rows.
+
+    Gradient accumulation without communication (``set_requires_gradient_sync(False)``): the gathers read while
+    sync is off route the unsharded gradient to ``unsharded_sink``, and those read while the replica all-reduce
+    is off (hybrid shard, replicate) route the reduce-scattered one to ``partial_sink``.  A sink is a leaf of
+    the gradient's shape over one element: autograd accumulates the gradients in its ``.grad`` (the
+    accumulator), the sink itself costs nothing.  The first gather of the next forward that reduces takes the
+    accumulators (``_taken``: a tied or twice-read parameter has several gathers, only one may add them); the
+    hook of whatever receives that backward's result frees them.
+    """
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
                  grad_scale: float) -> None:
@@ -66,6 +75,9 @@ class _ShardedParam:
         self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
                             info.world_size, info.group_name, info.reduce_scatter_group_name,
                             info.replicate_group_name, grad_scale)
+        self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
+        self.requires_all_reduce = True  #: all-reduce over the replica group in backward
+        self._taken = False  #: a forward since the last reduction took the accumulators
         self.param = nn.Parameter(self._as_dtensor(storage.detach()), requires_grad=storage.requires_grad)
         self._set_storage(storage)
 
@@ -77,10 +89,48 @@ class _ShardedParam:
 
     def _set_storage(self, storage: torch.Tensor) -> None:
         self.storage = storage
+        full_shape = (self.info.full_shape[0], *storage.shape[1:]) if storage.dim() else ()
+        self.unsharded_sink = self._sink(full_shape, storage.device)
+        self.partial_sink = self._sink(tuple(storage.shape), storage.device)
         if storage.requires_grad:
             storage.register_post_accumulate_grad_hook(self._move_grad)
+            self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
+
+    def _sink(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        one = torch.zeros((), dtype=self.info.reduce_dtype, device=device)
+        return one.expand(shape).requires_grad_()
+
+    def sync_args(self) -> tuple:
+        """``GatherShard``'s accumulation arguments for a gather read now: (sink, pending unsharded gradient,
+        pending partial gradient, reduce, all-reduce).  Read at trace time: a compiled forward is specialised
+        (and guarded) on these flags, one graph per setting."""
+        if not (torch.is_grad_enabled() and self.storage.requires_grad):
+            return None, None, None, True, True
+        if not self.requires_gradient_sync:
+            return self.unsharded_sink, None, None, False, False
+        all_reduce = self.requires_all_reduce or self.info.replicate_group_name is None
+        pending_unsharded = pending_partial = None
+        if not self._taken:
+            pending_unsharded = self.unsharded_sink.grad
+            pending_partial = self.partial_sink.grad if all_reduce else None
+            if pending_unsharded is not None or pending_partial is not None:
+                self._taken = True
+        return None if all_reduce else self.partial_sink, pending_unsharded, pending_partial, True, all_reduce
+
+    # autograd runs these hooks also when the backward gave the leaf no gradient (it went to a sink)
+    def _partial_accumulated(self, sink: torch.Tensor) -> None:
+        if sink.grad is None:
+            return
+        # the unsharded accumulator (if any) went into this reduce-scatter
+        self.unsharded_sink.grad = None
+        self._taken = False
 
     def _move_grad(self, storage: torch.Tensor) -> None:
+        if storage.grad is None:
+            return
+        # a fully reduced gradient: both accumulators (if any) went into it
+        self.unsharded_sink.grad = self.partial_sink.grad = None
+        self._taken = False
         grad, storage.grad = storage.grad, None
         with torch.no_grad():
             as_dtensor = self._as_dtensor(grad)
@@ -97,7 +147,8 @@ class _ShardedParam:
                 f"({type(owner).__name__}.{name}: assignment or load_state_dict(assign=True)); copy values into it "
                 f"in place instead (param.copy_ / load_state_dict)"
             )
-        return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward, self.gather_args)
+        return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward,
+                           self.sync_args() + self.gather_args)
 
     def apply_to_storage(self, fn: Any) -> None:
         """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
@@ -170,6 +221,43 @@ def _cast_class(cls: type) -> type:
                {"forward": _cast_forward})
     new._fsdp_cast_class = new
     return new
+
+
+class DataParallelModule:
+    """Mixed into the class of every module passed to :func:`data_parallel`: ``fully_shard``'s gradient-sync
+    switches.  The states a call converted are that module's ``_fsdp_managed`` (``recurse=False`` reaches those;
+    ``recurse=True`` those of every converted module below it too)."""
+
+    def set_requires_gradient_sync(self, requires_gradient_sync: bool, *, recurse: bool = True) -> None:
+        """Whether backward reduces the gradients (reduce-scatter, and the all-reduce of hybrid shard /
+        replicate).  ``False``: gradient accumulation without communication; each parameter accumulates its
+        local unsharded gradient (in ``reduce_dtype``, a full-size tensor per parameter on every rank) and the
+        next backward with sync on reduces that sum together with its own gradient, then frees it."""
+        for state in self._states_to_switch("set_requires_gradient_sync", "requires_gradient_sync",
+                                         requires_gradient_sync, recurse):
+            state.requires_gradient_sync = requires_gradient_sync
+            state.requires_all_reduce = requires_gradient_sync
+
+    def set_requires_all_reduce(self, requires_all_reduce: bool, *, recurse: bool = True) -> None:
+        """Whether backward all-reduces the gradients over the replica group (hybrid shard, replicate) while it
+        reduce-scatters them: ``False`` accumulates the reduce-scattered shards (in ``reduce_dtype``) until a
+        backward with it on adds them before its all-reduce.  No effect in ``fully_shard`` mode."""
+        for state in self._states_to_switch("set_requires_all_reduce", "requires_all_reduce", requires_all_reduce,
+                                         recurse):
+            state.requires_all_reduce = requires_all_reduce
+
+    def _states_to_switch(self, method: str, arg: str, value: Any, recurse: Any) -> list[_ShardedParam]:
+        for name, v in ((arg, value), ("recurse", recurse)):
+            if not isinstance(v, bool):
+                raise ValueError(f"{method}: {name}={v!r}; expected True or False")
+        modules = self.modules() if recurse else [self]  # type: ignore[attr-defined]
+        return [state for mod in modules for state in getattr(mod, "_fsdp_managed", ())]
+
+
+@functools.lru_cache(maxsize=None)
+def _with_sync_switches(cls: type) -> type:
+    name = cls.__name__ if cls.__name__.startswith("DataParallel") else f"DataParallel{cls.__name__}"
+    return type(name, (cls, DataParallelModule), {})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -299,6 +387,9 @@ def data_parallel(
     it, and the gradient contributions are summed before they reach ``param.grad``.  One converted by an
     earlier call under another module keeps that call's settings.
 
+    ``model`` becomes a :class:`DataParallelModule`: ``set_requires_gradient_sync`` / ``set_requires_all_reduce``
+    switch gradient reduction off for gradient accumulation without communication, as with ``fully_shard``.
+
     Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
     already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode.
     """
@@ -337,6 +428,7 @@ def data_parallel(
     converted = {id(state.param): state for mod in model.modules()
                  for state in (getattr(mod, "_fsdp_shards", None) or {}).values()}
     named: set[int] = set()  # states named in this call: after the first owner in ``named_modules`` order
+    managed: list[_ShardedParam] = []  # states created by this call
     for mod_fqn, mod in model.named_modules():
         states: dict[str, _ShardedParam] = getattr(mod, "_fsdp_shards", None) or {}
         new_names = []
@@ -366,6 +458,7 @@ def data_parallel(
             states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
                                   mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide)
             named.add(id(states[name]))
+            managed.append(states[name])
             new_names.append(name)
         if new_names:
             for name in new_names:
@@ -381,6 +474,9 @@ def data_parallel(
         model._fsdp_output_dtype = mp_policy.output_dtype
         if getattr(type(model), "_fsdp_cast_class", None) is not type(model):
             model.__class__ = _cast_class(type(model))
+    model._fsdp_managed = (*getattr(model, "_fsdp_managed", ()), *managed)
+    if not isinstance(model, DataParallelModule):
+        model.__class__ = _with_sync_switches(type(model))
     return model
 
 

@@ -288,3 +288,27 @@ def test_replicate_all_reduces_gradients_and_gathers_nothing(fake_pg):
     n_params = len(list(model.parameters()))
     assert _count(graphs.forward) == {}
     assert _count(graphs.backward) == {AR: n_params, WAIT: n_params}
+
+
+def test_gradient_sync_switches_reach_the_calls_they_name_and_check_their_arguments(fake_pg):
+    model = build_llama(**LLAMA1, fsdp=False)
+    data_parallel(model.layers[0])
+    data_parallel(model)
+    everything, layer = set(sharded_params(model)), {f for f in sharded_params(model) if f.startswith("layers.0.")}
+    assert layer and layer != everything
+
+    def reduced() -> set[str]:  # the parameters whose gradients the traced backward reduce-scatters
+        graphs = capture_fx_graphs(model, *example_inputs(model))
+        return {fsdp_param_of(n) for n in _ops(graphs.backward) if n.target._opname == RS}
+
+    assert reduced() == everything
+    model.set_requires_gradient_sync(False, recurse=False)  # the root call's parameters, not the nested call's
+    assert reduced() == layer
+    model.set_requires_gradient_sync(False)
+    assert reduced() == set()
+    with pytest.raises(ValueError, match=r"set_requires_gradient_sync: requires_gradient_sync=1; expected True or"):
+        model.set_requires_gradient_sync(1)
+    with pytest.raises(ValueError, match=r"set_requires_all_reduce: requires_all_reduce=None; expected True or"):
+        model.set_requires_all_reduce(None)
+    with pytest.raises(ValueError, match=r"set_requires_gradient_sync: recurse='no'; expected True or False"):
+        model.set_requires_gradient_sync(True, recurse="no")
