@@ -31,8 +31,10 @@ def recompute_gathers(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 
 def replicated(p: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor import DTensor, Partial, Replicate
 
+    if not isinstance(p, DTensor):  # the unsharded reference
+        return p
     return p.redistribute(placements=[Replicate()]).to_local(grad_placements=[Partial()])
 
 

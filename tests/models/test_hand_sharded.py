@@ -114,10 +114,10 @@ def _train(rank: int, world_size: int) -> dict:
             loss = step(ids)
             loss.backward()
             if first_grads is None:
-                first_grads = {n: p.grad.full_tensor().clone() for n, p in model.named_parameters()}
+                first_grads = {n: p.grad.full_tensor().numpy() for n, p in model.named_parameters()}
             opt.step()
             opt.zero_grad()
-            losses.append(loss.detach())
+            losses.append(loss.item())  # float32 value, exactly
         fsdp_passes.disable()
         reports = [r for r in fsdp_passes.last_reports() if r.pass_name == "fx"]
         out[mode] = {"losses": losses, "grads": first_grads,
@@ -127,12 +127,14 @@ def _train(rank: int, world_size: int) -> dict:
     ref = hand_sharded_loss(world_size, shard=False)
     total = sum(ref(token_ids(r, *GLOO_SHAPES[r])) for r in range(world_size))
     total.backward()
-    out["reference_grads"] = {n: p.grad for n, p in ref.named_parameters()}
+    # tensors are returned as numpy arrays: a tensor crosses the process boundary by shared memory, gone with
+    # the rank's process
+    out["reference_grads"] = {n: p.grad.numpy() for n, p in ref.named_parameters()}
     return out
 
 
 def test_ranks_with_different_local_shapes_train_and_match_the_compile_without_passes():
-    import torch
+    import numpy as np
 
     results = run_on_gloo(2, _train, timeout=600)
     for rank, res in enumerate(results):
@@ -140,9 +142,10 @@ def test_ranks_with_different_local_shapes_train_and_match_the_compile_without_p
         for mode in ("manual", "auto"):
             got = res[mode]
             assert got["fallbacks"] == [] and got["merged"] and all(got["merged"]), (rank, mode, got["merged"])
-            for a, b in zip(got["losses"], plain["losses"]):
-                assert torch.equal(a, b), (rank, mode, got["losses"], plain["losses"])
+            # not bitwise on this model: merged buckets change Inductor's kernels around them (seen with a fake
+            # group too, where no data moves), by a few float32 ulps of the gradients
+            assert np.allclose(got["losses"], plain["losses"], rtol=1e-6, atol=0), (rank, mode)
             for name, g in plain["grads"].items():
-                assert torch.equal(got["grads"][name], g), (rank, mode, name)
+                assert np.allclose(got["grads"][name], g, rtol=1e-6, atol=2e-7), (rank, mode, name)
         for name, g in res["reference_grads"].items():
-            assert torch.allclose(plain["grads"][name], g, rtol=1e-5, atol=1e-6), (rank, name)
+            assert np.allclose(plain["grads"][name], g, rtol=1e-5, atol=1e-6), (rank, name)
