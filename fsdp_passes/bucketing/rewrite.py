@@ -238,29 +238,49 @@ def _group_order_edges(dag: Dag, multi: Sequence[Bucket], merged: Sequence[fx.No
                        ) -> list[tuple[fx.Node, fx.Node]]:
     """Per process group, (earlier, later) pairs chaining its collectives in the order they are issued after the
     merge: each collective keeps its place in the group's original sequence, a merged all-gather takes its
-    first member's place, a merged reduction its last member's (where its last input is ready).
+    first member's place, a merged reduction its last member's (where its last input is ready), unless a
+    collective must come first because one depends on the other's result (then the dependency decides).
 
-    The original sequences are the same on every rank; the graph around them need not be (a rank holding a
-    padded shard has more nodes, a compute node may sit on either side of an input), so the merged collectives
-    are placed among the others by these places alone, never by where their inputs happen to lie."""
+    The original sequences and the dependencies between collectives are the same on every rank; the graph
+    around them need not be (a rank holding a padded shard has more nodes, a compute node may sit on either side
+    of an input), so merged collectives are placed among the others by these alone, never by where their
+    inputs happen to lie."""
     place: dict[int, tuple[str, int]] = {}
     for group, seq in dag.group_sequences().items():
         for k, c in enumerate(seq):
             place[c] = (group, k)
-    slots: dict[str, list[tuple[int, fx.Node]]] = {}
+    # the collectives each node depends on, as a bit set over the collectives (one pass in graph order)
+    bit = {c: 1 << k for k, c in enumerate(place)}
+    above = [0] * len(dag.nodes)
+    for v in dag.topological_order():
+        a = 0
+        for u in dag.preds[v]:
+            a |= above[u] | bit.get(u, 0)
+        above[v] = a
+    items: dict[str, list[tuple[int, fx.Node, int, int]]] = {}  # group -> (place, node, member bits, needs)
     in_bucket = set()
     for b, coll in zip(multi, merged):
         in_bucket.update(b.members)
         anchor = min(b.members) if b.op is CollectiveOp.ALL_GATHER else max(b.members)
         group, k = place[anchor]
-        slots.setdefault(group, []).append((k, coll))
+        members = needs = 0
+        for m in b.members:
+            members |= bit[m]
+            needs |= above[m]
+        items.setdefault(group, []).append((k, coll, members, needs))
     for c, (group, k) in place.items():
         if c not in in_bucket:
-            slots.setdefault(group, []).append((k, dag.nodes[c].origin))
+            items.setdefault(group, []).append((k, dag.nodes[c].origin, bit[c], above[c]))
     pairs = []
-    for items in slots.values():
-        items.sort(key=lambda item: item[0])
-        pairs.extend((a, b) for (_, a), (_, b) in zip(items, items[1:]))
+    for group_items in items.values():
+        order = nx.DiGraph()
+        order.add_nodes_from(range(len(group_items)))
+        for i, (_, _, _, needs) in enumerate(group_items):
+            for j, (_, _, members, _) in enumerate(group_items):
+                if i != j and needs & members:
+                    order.add_edge(j, i)
+        ranked = list(nx.lexicographical_topological_sort(order, key=lambda i: group_items[i][0]))
+        pairs.extend((group_items[a][1], group_items[b][1]) for a, b in zip(ranked, ranked[1:]))
     return pairs
 
 

@@ -424,3 +424,22 @@ def test_a_collective_survey_is_checked_against_its_dag_and_option(mlp_graphs):
         plan_bucketing(bwd, options, survey=survey)
     with pytest.raises(ValueError, match="survey: taken of another DAG or with another bucket_non_fsdp"):
         plan_bucketing(fwd, options.replace(bucket_non_fsdp=True), survey=survey)
+
+
+def test_merged_reduction_goes_before_a_collective_that_reads_one_of_its_members():
+    """A merged reduction takes its last member's place in its group's sequence unless a collective placed
+    before that reads one of its members' results: then it goes first (one sequence on every rank, and no
+    cycle).  Sequence ``ar1, ag2(ar1), ar3``; bucket ``{ar1, ar3}``: ``ar(1+3), ag2``."""
+    def f(x, g, a):
+        r1 = c10d.wait_tensor(c10d.all_reduce(x * 2, "sum", "0"))
+        w2 = c10d.wait_tensor(c10d.all_gather_into_tensor(a + r1[:4, :1], 2, "0"))
+        r3 = c10d.wait_tensor(c10d.all_reduce(g * 3, "sum", "0"))
+        return r1 + 1, w2.sum(), r3 + 1
+
+    gm = _traced(f, torch.randn(4, 8), torch.randn(6), torch.randn(4, 8))
+    dag = dag_from_fx(gm.graph)
+    ars = [c for c in dag.collectives() if dag.nodes[c].collective is CollectiveOp.ALL_REDUCE]
+    apply_buckets(gm, dag, [make_bucket(dag, ars, close_reason="plan")])
+    _check_order(gm)
+    ops = [str(n.target).split(".")[1] for n in _collectives(gm)]
+    assert ops == ["all_reduce", "all_gather_into_tensor"]
