@@ -20,22 +20,10 @@ FLOAT8_DTYPE = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8_DTYPE).max)
 
 
-def float8_scale(shard: torch.Tensor, group_name: str, group_size: int) -> torch.Tensor:
-    """The per-tensor scale of a float8 all-gather: ``FLOAT8_MAX / amax``, the amax of the whole parameter
-    (the local shard's, all-reduced as a max over the gather's group), as a 0-dim float32 tensor equal on every
-    rank of the group.  No gradient flows through it (the cast is straight-through)."""
-    amax = shard.detach().abs().amax().to(torch.float32)
-    amax = _funcol.wait_tensor(_funcol.all_reduce(amax, "max", group_name))
-    # an all-zero parameter (zero-initialised weights): any finite scale gives zeros back
-    return FLOAT8_MAX / amax.clamp(min=torch.finfo(torch.float32).tiny)
-
-
 class GatherShard(torch.autograd.Function):
-    """Forward: cast the padded shard to ``param_dtype``, all-gather it, drop the padding rows.  With a
-    ``float8_scale`` (:func:`float8_scale`) the shard is instead scaled, clamped to the float8 range and cast to
-    ``FLOAT8_DTYPE``; its bytes are gathered (as ``uint8``: gloo has no float8 type, and the bytes are the same
-    on every backend) and the result is divided by the scale in float32, then cast to ``param_dtype`` (or the
-    shard's dtype).
+    """Forward: cast the padded shard to ``param_dtype``, all-gather it, drop the padding rows.  With
+    ``float8`` the shard is gathered as float8 instead (``_gather_float8``) and dequantised to ``param_dtype``
+    (or the shard's dtype).
 
     Backward: pad the gradient back to the gathered size, cast it to ``reduce_dtype``, scale it by
     ``grad_scale``, reduce-scatter it (sum), all-reduce it over the replica group (hybrid shard / replicate)
@@ -51,11 +39,11 @@ class GatherShard(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, shard: torch.Tensor, float8_scale: Optional[torch.Tensor], sink: Optional[torch.Tensor], pending_unsharded: Optional[torch.Tensor],
+    def forward(ctx: Any, shard: torch.Tensor, sink: Optional[torch.Tensor], pending_unsharded: Optional[torch.Tensor],
                 pending_partial: Optional[torch.Tensor], reduce: bool, all_reduce: bool,
                 param_dtype: Optional[torch.dtype], reduce_dtype: torch.dtype, full_rows: int, gather_size: int,
                 gather_group: Optional[str], reduce_scatter_group: Optional[str], all_reduce_group: Optional[str],
-                grad_scale: float) -> torch.Tensor:  # type: ignore[override]
+                grad_scale: float, float8: bool) -> torch.Tensor:  # type: ignore[override]
         ctx.shard_dtype = shard.dtype
         ctx.reduce_dtype = reduce_dtype
         ctx.gather_size = gather_size
@@ -69,9 +57,8 @@ class GatherShard(torch.autograd.Function):
         # gather, an all-gather the backward does not need (these are inputs, nothing to recompute)
         ctx.pending_unsharded = pending_unsharded
         ctx.pending_partial = pending_partial
-        if float8_scale is not None and gather_group is not None:
-            return _gather_float8(shard, float8_scale, param_dtype or shard.dtype, full_rows, gather_size,
-                                  gather_group)
+        if float8 and gather_group is not None:
+            return _gather_float8(shard, param_dtype or shard.dtype, full_rows, gather_size, gather_group)
         x = shard if param_dtype is None or param_dtype == shard.dtype else shard.to(param_dtype)
         if gather_group is None:
             return x.view_as(x) if x is shard else x
@@ -82,7 +69,7 @@ class GatherShard(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         g = grad.to(ctx.reduce_dtype)
         if not ctx.reduce:  # accumulated locally, unsharded: no collective
-            return (None, None, g) + (None,) * 12
+            return (None, g) + (None,) * 13
         if ctx.pending_unsharded is not None:
             g = g + ctx.pending_unsharded
         if ctx.grad_scale != 1.0:
@@ -95,7 +82,7 @@ class GatherShard(torch.autograd.Function):
                 _funcol.reduce_scatter_tensor(g.contiguous(), "sum", ctx.gather_size, ctx.reduce_scatter_group))
         if ctx.all_reduce_group is not None:
             if not ctx.all_reduce:  # reduce-scattered, accumulated until an all-reducing backward
-                return (None, None, g) + (None,) * 12
+                return (None, g) + (None,) * 13
             if ctx.pending_partial is not None:
                 g = g + ctx.pending_partial
             g = _funcol.wait_tensor(_funcol.all_reduce(g.contiguous(), "sum", ctx.all_reduce_group))
@@ -103,12 +90,26 @@ class GatherShard(torch.autograd.Function):
         return (g.to(ctx.shard_dtype),) + (None,) * 14
 
 
-def _gather_float8(shard: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype, full_rows: int,
-                   gather_size: int, gather_group: str) -> torch.Tensor:
-    q = (shard.to(torch.float32) * scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8_DTYPE)
-    full = _funcol.wait_tensor(
-        _funcol.all_gather_into_tensor(q.view(torch.uint8).contiguous(), gather_size, gather_group))
-    full = (full.view(FLOAT8_DTYPE).to(torch.float32) / scale).to(out_dtype)
+def _gather_float8(shard: torch.Tensor, out_dtype: torch.dtype, full_rows: int, gather_size: int,
+                   gather_group: str) -> torch.Tensor:
+    """All-gather ``shard`` as float8 with one scale per shard.
+
+    Each rank scales its shard by ``FLOAT8_MAX / amax(|shard|)``, clamps, casts to ``FLOAT8_DTYPE`` and sends
+    those bytes followed by its scale's 4 bytes (float32) in one ``uint8`` all-gather (gloo has no float8
+    type; the bytes are the same on every backend).  Every rank then divides each rank's rows by that rank's
+    scale, in float32.  Nothing but the gather is communicated: the gather depends on no other collective,
+    so float8 gathers bucket like any others."""
+    s = shard.to(torch.float32)
+    # an all-zero shard (zero-initialised weights, padding-only shards): any finite scale gives zeros back
+    scale = FLOAT8_MAX / s.abs().amax().reshape(1).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (s * scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8_DTYPE).view(torch.uint8).reshape(-1)
+    pad = -q.numel() % 4  # the scale starts at a multiple of 4 bytes in every rank's part
+    payload = torch.cat([torch.constant_pad_nd(q, [0, pad]) if pad else q, scale.view(torch.uint8)])
+    gathered = _funcol.wait_tensor(_funcol.all_gather_into_tensor(payload, gather_size, gather_group))
+    part = payload.numel()
+    scales = gathered.view(torch.float32).view(gather_size, part // 4)[:, -1:]
+    values = gathered.view(gather_size, part)[:, :q.numel()].view(FLOAT8_DTYPE).to(torch.float32)
+    full = (values / scales).reshape(gather_size * shard.shape[0], *shard.shape[1:]).to(out_dtype)
     return full if full_rows == full.shape[0] else full.narrow(0, 0, full_rows)
 
 
@@ -119,11 +120,6 @@ _RECOMPUTED_OPS = (
     torch.ops.aten.slice.Tensor,
     torch.ops.aten.view.default,
     torch.ops.aten.alias.default,
-    # the float8 gather's scaling, clamp and dequantisation (the scale itself is computed outside, and kept)
-    torch.ops.aten.mul.Tensor,
-    torch.ops.aten.clamp.default,
-    torch.ops.aten.div.Tensor,
-    torch.ops.aten.view.dtype,
 )
 
 
@@ -135,26 +131,37 @@ def _reshard_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_RECOMPUTE if op in _RECOMPUTED_OPS else CheckpointPolicy.MUST_SAVE
 
 
+def _reshard_float8_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """A float8 gather recomputes everything: scale, cast, gather and dequantisation (the shard is unchanged
+    between forward and backward, so backward gathers the same bytes)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
 def _reshard_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return create_selective_checkpoint_contexts(_reshard_policy)
 
 
-def gather_full(shard: torch.Tensor, fqn: str, reshard_after_forward: bool, args: tuple,
-                float8_over: Optional[tuple[str, int]] = None) -> torch.Tensor:
-    """The full parameter from ``shard`` (``args``: ``GatherShard``'s arguments after the shard and the float8
-    scale), annotated with the parameter FQN; with ``reshard_after_forward`` the gather is recomputed in
-    backward instead of saved.  ``float8_over``: (gather group name, group size) for a float8 all-gather; its
-    scale is computed before the checkpointed region, so backward reuses it instead of all-reducing again."""
+def _reshard_float8_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
-    def gather(s: torch.Tensor, scale: Optional[torch.Tensor]) -> torch.Tensor:
-        return GatherShard.apply(s, scale, *args)
+    return create_selective_checkpoint_contexts(_reshard_float8_policy)
+
+
+def gather_full(shard: torch.Tensor, fqn: str, reshard_after_forward: bool, args: tuple) -> torch.Tensor:
+    """The full parameter from ``shard`` (``args``: ``GatherShard``'s arguments after the shard), annotated with
+    the parameter FQN; with ``reshard_after_forward`` the gather is recomputed in backward instead of saved."""
+
+    def gather(s: torch.Tensor) -> torch.Tensor:
+        return GatherShard.apply(s, *args)
 
     with torch.fx.traceback.annotate({FSDP_PARAM_META_KEY: fqn}):
-        scale = float8_scale(shard, *float8_over) if float8_over is not None else None
         if reshard_after_forward and torch.is_grad_enabled() and shard.requires_grad:
             from torch.utils.checkpoint import checkpoint
 
-            return checkpoint(gather, shard, scale, use_reentrant=False, context_fn=_reshard_context)
-        return gather(shard, scale)
+            context = _reshard_float8_context if args[-1] else _reshard_context
+            return checkpoint(gather, shard, use_reentrant=False, context_fn=context)
+        return gather(shard)

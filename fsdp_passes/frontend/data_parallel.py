@@ -76,8 +76,7 @@ class _ShardedParam:
         self.placements = placements
         self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
                             info.world_size, info.group_name, info.reduce_scatter_group_name,
-                            info.replicate_group_name, grad_scale)
-        self.float8_over = (info.group_name, info.world_size) if info.float8_all_gather else None
+                            info.replicate_group_name, grad_scale, info.float8_all_gather)
         self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
         self.requires_all_reduce = True  #: all-reduce over the replica group in backward
         self._taken = False  #: a forward since the last reduction took the accumulators
@@ -151,7 +150,7 @@ class _ShardedParam:
                 f"in place instead (param.copy_ / load_state_dict)"
             )
         return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward,
-                           self.sync_args() + self.gather_args, self.float8_over)
+                           self.sync_args() + self.gather_args)
 
     def apply_to_storage(self, fn: Any) -> None:
         """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
@@ -390,10 +389,10 @@ def data_parallel(
         ``OffloadPolicy()`` (no offload; ``CPUOffloadPolicy`` is not supported), and a function that returns
         ``None`` or ``Shard(0)`` for every parameter (other dims are not supported).
     float8_all_gather: the weights of ``nn.Linear`` modules (2-D, this call's) are all-gathered as
-        ``float8_e4m3fn``: each is scaled by ``448 / amax`` (amax of the whole weight: the local shard's,
-        all-reduced as a max over the gather's group), clamped, cast, gathered as bytes and dequantised to
-        ``param_dtype`` (or the parameter's dtype).  Half the bytes of a bf16 gather; gradients are unchanged
-        (straight-through, reduced as without it).  Other parameters are gathered as without it.
+        ``float8_e4m3fn``: each rank scales its shard by ``448 / amax(|shard|)``, clamps, casts and sends the
+        bytes with its scale; the gathered rows are dequantised (each rank's by its scale) to ``param_dtype``
+        (or the parameter's dtype).  Half the bytes of a bf16 gather (plus 4 bytes per rank); gradients are
+        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
