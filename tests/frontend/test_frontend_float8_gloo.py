@@ -25,8 +25,9 @@ PASSES = dict(bucketing="auto", reorder=True, strict=True)
 #: the subnormals, to within half their spacing 2**-9; scaled back, that is 2**-10 * amax / 448
 E4M3_REL = 2.0 ** -4
 E4M3_SUBNORMAL_HALF_STEP = 2.0 ** -10
-#: documented tolerance of the float8 run's losses against the bf16 run's (relative, each of the 3 steps)
-LOSS_REL_TOL = 2e-2
+#: tolerance of the float8 run's losses against the bf16 run's (relative, each of the 3 steps): the gathered
+#: weights move by up to 2**-4 of themselves; the losses moved by at most 1.5e-3 (docs/frontend.md)
+LOSS_REL_TOL = 1e-2
 
 
 def _train(model, fn, batches: list) -> list[float]:
