@@ -128,3 +128,41 @@ def test_bad_float8_option_is_a_value_error():
             data_parallel(build_llama(**LLAMA, fsdp=False), float8_all_gather="yes")
         with pytest.raises(ValueError, match="float8_all_gather=True but mode='replicate'"):
             data_parallel(build_llama(**LLAMA, fsdp=False), mode="replicate", float8_all_gather=True)
+
+
+def test_a_float8_gather_of_computed_values_is_not_fsdp():
+    funcol = torch.ops._c10d_functional
+
+    def to_bytes(t: torch.Tensor) -> torch.Tensor:
+        scale = 448.0 / t.abs().amax().clamp(min=1e-12)
+        return (t * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+    def step(shard: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = funcol.wait_tensor(funcol.all_gather_into_tensor(to_bytes(shard), WORLD, "0"))
+        acts = funcol.wait_tensor(funcol.all_gather_into_tensor(to_bytes(x @ x.t()), WORLD, "0"))
+        return weight, acts
+
+    with fake_process_group(world_size=WORLD):
+        graphs = capture_fx_graphs(step, torch.randn(4, 8), torch.randn(4, 8), backward=False)
+    gathers = [n for n in dag_from_fx(graphs.forward).nodes if n.collective is CollectiveOp.ALL_GATHER]
+    assert [n.dtype for n in gathers] == ["uint8", "uint8"]
+    # the shard's (a graph input, scaled) is a parameter gather; the matmul output's is not
+    assert [n.fsdp for n in gathers] == [True, False]
+
+
+def test_hybrid_shard_gathers_float8_over_the_shard_group():
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_process_group(world_size=WORLD):
+        mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("replicate", "shard"))
+        model = data_parallel(build_llama(**LLAMA, fsdp=False), mesh, mode="hybrid_shard", float8_all_gather=True)
+        shard_group = mesh.get_group(1).group_name
+        graphs = capture_fx_graphs(model, _tokens(), options=PASSES)
+    gathers = [n for n in graphs.forward.graph.nodes
+               if n.op == "call_function" and n.target is torch.ops._c10d_functional.all_gather_into_tensor.default]
+    float8 = [n for n in gathers if n.meta["val"].dtype == torch.uint8]
+    assert len(float8) == len(_linear_weight_shapes())
+    # (shard, group size 4, the shard dimension's group): every rank of a replica sends its own shard
+    assert {(n.args[1], n.args[2]) for n in float8} == {(4, shard_group)}
+    fwd = [r for r in fsdp_passes.last_reports() if r.pass_name == "fx" and "_fwd_" in r.graph]
+    assert fwd[0].fallback is None and fwd[0].n_collectives_after < fwd[0].n_collectives_before
