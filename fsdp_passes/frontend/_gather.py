@@ -162,6 +162,6 @@ def gather_full(shard: torch.Tensor, fqn: str, reshard_after_forward: bool, args
         if reshard_after_forward and torch.is_grad_enabled() and shard.requires_grad:
             from torch.utils.checkpoint import checkpoint
 
-            context = _reshard_float8_context if args[-1] else _reshard_context
+            context = _reshard_float8_context if args[-1] else _reshard_context  # args[-1]: the float8 flag
             return checkpoint(gather, shard, use_reentrant=False, context_fn=context)
         return gather(shard)

@@ -52,7 +52,7 @@ class FSDPParam:
     reduce_scatter_group_name: Optional[str]  #: the gradient reduce-scatter's group (None: none)
     replicate_group_name: Optional[str]  #: the group the gradient is all-reduced over (None: none)
     reshard_after_forward: bool
-    #: the all-gather carries float8 (``float8_e4m3fn``) with a per-tensor amax scale (``float8_all_gather``)
+    #: the all-gather carries float8 (``float8_e4m3fn``) bytes and one scale per shard (``float8_all_gather``)
     float8_all_gather: bool = False
 
 
