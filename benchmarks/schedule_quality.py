@@ -13,10 +13,13 @@ scored by fsdp_passes' simulator with one cluster profile:
   d  manual-ind    Inductor's manual_overlap_bucketing, one bucket plan entry per block (torchtitan style)
   e  ours-auto     fsdp_passes, bucketing="auto", reorder
   f  ours-manual   fsdp_passes, bucketing="manual" one bucket per block, reorder
+  g  ours-float8   e on the same model sharded with float8_all_gather=True (Linear weights gathered in
+                   float8; not in the default --configs: compare it with e)
 
     python benchmarks/schedule_quality.py                      # 8 layers, world 8 and 64
     python benchmarks/schedule_quality.py --layers 32
     python benchmarks/schedule_quality.py --smoke              # tiny dims, 1 layer, world 8 (CI)
+    python benchmarks/schedule_quality.py --world-sizes 8 --configs aeg   # float8 gathers against bf16
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ CONFIGS = {
     "d": "inductor-manual",
     "e": "ours-auto",
     "f": "ours-manual",
+    "g": "ours-float8",
 }
 LEGACY_SCHED_PASSES = ["sink_waits", "raise_comms", "reorder_compute_for_overlap"]
 
@@ -199,11 +203,11 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
         elif key == "d":
             patches["post_grad_custom_post_pass"] = _as_custom_graph_pass(_ManualOverlapPass(_block_plan(layers), rec))
             note = "torch._inductor manual_overlap_bucketing, plan = tok_embeddings, layers.<i> each, [norm, output]"
-        elif key in ("e", "f"):
+        elif key in ("e", "f", "g"):
             ours = True
             sched = None
             opts: dict[str, Any] = dict(cluster=cluster, memory_budget=memory_budget, reorder=True, strict=True)
-            if key == "e":
+            if key in ("e", "g"):
                 opts["bucketing"] = "auto"
             else:
                 # not strict: per-block buckets the memory budget cannot hold are split (warning), not an error
@@ -350,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="h100-nvlink")
     ap.add_argument("--memory-budget", default=_default_memory_budget(), help="our passes' memory_budget "
                     "(default: the package's)")
-    ap.add_argument("--configs", default="abcdef", help="subset of a..f")
+    ap.add_argument("--configs", default="abcdef", help="subset of a..g")
     ap.add_argument("--smoke", action="store_true", help="tiny dims, 1 layer, world 8")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
@@ -373,13 +377,15 @@ def main(argv: list[str] | None = None) -> int:
                            "load_avg_start": os.getloadavg(), "runs": []}
     for world in a.world_sizes:
         with fake_process_group(world_size=world), C.quiet_warnings():
-            model = C.build_sharded_llama(d, reshard_after_forward=True, param_dtype=torch.bfloat16,
-                                          reduce_dtype=torch.float32)
+            sharding = dict(reshard_after_forward=True, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            model = C.build_sharded_llama(d, **sharding)
+            float8_model = C.build_sharded_llama(d, **sharding, float8_all_gather=True) if "g" in a.configs else None
             args = (C.tokens(d),)
             results: dict[str, dict] = {}
             for key in a.configs:
                 t = time.perf_counter()
-                results[key] = run_config(key, model, args, a.cluster, d.layers, a.memory_budget)
+                results[key] = run_config(key, float8_model if key == "g" else model, args, a.cluster, d.layers,
+                                          a.memory_budget)
                 print(f"[world {world}] {key} {CONFIGS[key]}: {time.perf_counter() - t:.1f}s"
                       + (f"  ERROR {results[key]['error']}" if results[key].get("error") else ""), flush=True)
         tg = targets(results)

@@ -12,7 +12,7 @@ import torch.fx as fx
 
 from .flops import aten_flops, has_flop_formula
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
-from .ops import PASS_THROUGH_OPS, as_int, classify, fill_collective, mark_fsdp, op_base_name
+from .ops import FLOAT8_SCALING_OPS, PASS_THROUGH_OPS, as_int, classify, fill_collective, mark_fsdp, op_base_name
 
 
 class UnplannableGraph(ValueError):
@@ -293,7 +293,9 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
     dag = Dag(nodes, edges, resident)
     pass_through = [n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] in PASS_THROUGH_OPS for n in nodes]
     mark_fsdp(dag, pass_through.__getitem__,
-              sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes])
+              sums=[n.kind is NodeKind.COMPUTE and op_base_name(n.op)[1] == "add" for n in nodes],
+              scaling=lambda i: pass_through[i] or (nodes[i].kind is NodeKind.COMPUTE
+                                                    and op_base_name(nodes[i].op)[1] in FLOAT8_SCALING_OPS))
     for node in nodes:
         if not node.fsdp:
             node.param_fqn = None

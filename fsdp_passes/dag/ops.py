@@ -22,6 +22,10 @@ PASS_THROUGH_OPS = frozenset({
     "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
 })
 
+#: Ops of a float8 all-gather's scaling (scale = max / amax(|shard|), the shard times the scale, clamped): an
+#: all-gather of 1-byte elements fed from graph inputs by these and pass-through ops gathers a parameter shard.
+FLOAT8_SCALING_OPS = frozenset({"abs", "amax", "mul", "div", "reciprocal", "clamp", "clamp_min", "clamp_max"})
+
 # Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
 # Inductor's collective kernels (python_kernel_name / op_overload names).
 _COLLECTIVES: dict[str, CollectiveOp] = {
@@ -132,7 +136,8 @@ def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], 
     node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
 
 
-def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool] | None = None) -> None:
+def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool] | None = None,
+              scaling: Callable[[int], bool] | None = None) -> None:
     """Set ``fsdp`` on the collectives of ``dag``: the one rule both views (FX, scheduler nodes) use.
 
     ``pass_through(i)``: node ``i`` is compute made only of ``PASS_THROUGH_OPS`` (the builder knows how its
@@ -145,6 +150,10 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
       gradient contributions only (``sums[i]``: node ``i`` is an addition; None: no node is);
     - all-reduce: (HSDP) fed by a reduce-scatter through waits and pass-through nodes, and its result reaches
       a graph output the same way.
+
+    Float8 all-gathers (``scaling(i)``: node ``i`` is compute made only of pass-through and
+    ``FLOAT8_SCALING_OPS``; None: no node is): an all-gather of 1-byte elements whose input comes from graph
+    inputs through such nodes is FSDP.
     """
     nodes = dag.nodes
 
@@ -209,14 +218,29 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
                     stack.append(w)
         return False
 
+    def scaled(v: int) -> bool:
+        return scaling is not None and nodes[v].kind is NodeKind.COMPUTE and scaling(v)
+
+    def float8_from_inputs(c: int) -> bool:
+        return (scaling is not None and _itemsize(nodes[c].dtype) == 1
+                and not upstream(c, lambda v: not scaled(v), scaled))
+
     for i, node in enumerate(nodes):
         if node.kind is not NodeKind.COLLECTIVE:
             continue
         if node.collective is CollectiveOp.ALL_GATHER:
-            node.fsdp = from_inputs(i)
+            node.fsdp = from_inputs(i) or float8_from_inputs(i)
         elif node.collective is CollectiveOp.REDUCE_SCATTER:
             node.fsdp = reaches_output(i, via_all_reduce=True) or reaches_output_via_sum(i)
         elif node.collective is CollectiveOp.ALL_REDUCE:
             node.fsdp = fed_by_reduce_scatter(i) and reaches_output(i, via_all_reduce=False)
         else:
             node.fsdp = False
+
+
+def _itemsize(dtype: str | None) -> int | None:
+    """Bytes per element of a dtype named as ``DagNode.dtype`` (``"uint8"``), None if unknown."""
+    import torch
+
+    d = getattr(torch, dtype, None) if dtype else None
+    return d.itemsize if isinstance(d, torch.dtype) else None

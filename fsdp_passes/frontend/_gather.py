@@ -15,9 +15,15 @@ _funcol = torch.ops._c10d_functional
 #: Key inside ``node.meta["custom"]`` naming the parameter FQN a gather / reduction belongs to.
 FSDP_PARAM_META_KEY = "fsdp_param"
 
+#: dtype of a float8 all-gather's payload, and its largest finite value (the scale maps the amax onto it)
+FLOAT8_DTYPE = torch.float8_e4m3fn
+FLOAT8_MAX = float(torch.finfo(FLOAT8_DTYPE).max)
+
 
 class GatherShard(torch.autograd.Function):
-    """Forward: cast the padded shard to ``param_dtype``, all-gather it, drop the padding rows.
+    """Forward: cast the padded shard to ``param_dtype``, all-gather it, drop the padding rows.  With
+    ``float8`` the shard is gathered as float8 instead (``_gather_float8``) and dequantised to ``param_dtype``
+    (or the shard's dtype).
 
     Backward: pad the gradient back to the gathered size, cast it to ``reduce_dtype``, scale it by
     ``grad_scale``, reduce-scatter it (sum), all-reduce it over the replica group (hybrid shard / replicate)
@@ -37,7 +43,7 @@ class GatherShard(torch.autograd.Function):
                 pending_partial: Optional[torch.Tensor], reduce: bool, all_reduce: bool,
                 param_dtype: Optional[torch.dtype], reduce_dtype: torch.dtype, full_rows: int, gather_size: int,
                 gather_group: Optional[str], reduce_scatter_group: Optional[str], all_reduce_group: Optional[str],
-                grad_scale: float) -> torch.Tensor:  # type: ignore[override]
+                grad_scale: float, float8: bool) -> torch.Tensor:  # type: ignore[override]
         ctx.shard_dtype = shard.dtype
         ctx.reduce_dtype = reduce_dtype
         ctx.gather_size = gather_size
@@ -51,6 +57,8 @@ class GatherShard(torch.autograd.Function):
         # gather, an all-gather the backward does not need (these are inputs, nothing to recompute)
         ctx.pending_unsharded = pending_unsharded
         ctx.pending_partial = pending_partial
+        if float8 and gather_group is not None:
+            return _gather_float8(shard, param_dtype or shard.dtype, full_rows, gather_size, gather_group)
         x = shard if param_dtype is None or param_dtype == shard.dtype else shard.to(param_dtype)
         if gather_group is None:
             return x.view_as(x) if x is shard else x
@@ -61,7 +69,7 @@ class GatherShard(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:  # type: ignore[override]
         g = grad.to(ctx.reduce_dtype)
         if not ctx.reduce:  # accumulated locally, unsharded: no collective
-            return (None, g) + (None,) * 12
+            return (None, g) + (None,) * 13
         if ctx.pending_unsharded is not None:
             g = g + ctx.pending_unsharded
         if ctx.grad_scale != 1.0:
@@ -74,11 +82,35 @@ class GatherShard(torch.autograd.Function):
                 _funcol.reduce_scatter_tensor(g.contiguous(), "sum", ctx.gather_size, ctx.reduce_scatter_group))
         if ctx.all_reduce_group is not None:
             if not ctx.all_reduce:  # reduce-scattered, accumulated until an all-reducing backward
-                return (None, g) + (None,) * 12
+                return (None, g) + (None,) * 13
             if ctx.pending_partial is not None:
                 g = g + ctx.pending_partial
             g = _funcol.wait_tensor(_funcol.all_reduce(g.contiguous(), "sum", ctx.all_reduce_group))
-        return (g.to(ctx.shard_dtype),) + (None,) * 13
+        # float8: straight-through, the gradient of the dequantised parameter is the shard's
+        return (g.to(ctx.shard_dtype),) + (None,) * 14
+
+
+def _gather_float8(shard: torch.Tensor, out_dtype: torch.dtype, full_rows: int, gather_size: int,
+                   gather_group: str) -> torch.Tensor:
+    """All-gather ``shard`` as float8 with one scale per shard.
+
+    Each rank scales its shard by ``FLOAT8_MAX / amax(|shard|)``, clamps, casts to ``FLOAT8_DTYPE`` and sends
+    those bytes followed by its scale's 4 bytes (float32) in one ``uint8`` all-gather (gloo has no float8
+    type; the bytes are the same on every backend).  Every rank then divides each rank's rows by that rank's
+    scale, in float32.  Nothing but the gather is communicated: the gather depends on no other collective,
+    so float8 gathers bucket like any others."""
+    s = shard.to(torch.float32)
+    # an all-zero shard (zero-initialised weights, padding-only shards): any finite scale gives zeros back
+    scale = FLOAT8_MAX / s.abs().amax().reshape(1).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (s * scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8_DTYPE).view(torch.uint8).reshape(-1)
+    pad = -q.numel() % 4  # the scale starts at a multiple of 4 bytes in every rank's part
+    payload = torch.cat([torch.constant_pad_nd(q, [0, pad]) if pad else q, scale.view(torch.uint8)])
+    gathered = _funcol.wait_tensor(_funcol.all_gather_into_tensor(payload, gather_size, gather_group))
+    part = payload.numel()
+    scales = gathered.view(torch.float32).view(gather_size, part // 4)[:, -1:]
+    values = gathered.view(gather_size, part)[:, :q.numel()].view(FLOAT8_DTYPE).to(torch.float32)
+    full = (values / scales).reshape(gather_size * shard.shape[0], *shard.shape[1:]).to(out_dtype)
+    return full if full_rows == full.shape[0] else full.narrow(0, 0, full_rows)
 
 
 _RECOMPUTED_OPS = (
@@ -99,10 +131,24 @@ def _reshard_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     return CheckpointPolicy.MUST_RECOMPUTE if op in _RECOMPUTED_OPS else CheckpointPolicy.MUST_SAVE
 
 
+def _reshard_float8_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """A float8 gather recomputes everything: scale, cast, gather and dequantisation (the shard is unchanged
+    between forward and backward, so backward gathers the same bytes)."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return CheckpointPolicy.MUST_RECOMPUTE
+
+
 def _reshard_context() -> Any:
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
     return create_selective_checkpoint_contexts(_reshard_policy)
+
+
+def _reshard_float8_context() -> Any:
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+    return create_selective_checkpoint_contexts(_reshard_float8_policy)
 
 
 def gather_full(shard: torch.Tensor, fqn: str, reshard_after_forward: bool, args: tuple) -> torch.Tensor:
@@ -116,5 +162,6 @@ def gather_full(shard: torch.Tensor, fqn: str, reshard_after_forward: bool, args
         if reshard_after_forward and torch.is_grad_enabled() and shard.requires_grad:
             from torch.utils.checkpoint import checkpoint
 
-            return checkpoint(gather, shard, use_reentrant=False, context_fn=_reshard_context)
+            context = _reshard_float8_context if args[-1] else _reshard_context  # args[-1]: the float8 flag
+            return checkpoint(gather, shard, use_reentrant=False, context_fn=context)
         return gather(shard)

@@ -52,6 +52,8 @@ class FSDPParam:
     reduce_scatter_group_name: Optional[str]  #: the gradient reduce-scatter's group (None: none)
     replicate_group_name: Optional[str]  #: the group the gradient is all-reduced over (None: none)
     reshard_after_forward: bool
+    #: the all-gather carries float8 (``float8_e4m3fn``) bytes and one scale per shard (``float8_all_gather``)
+    float8_all_gather: bool = False
 
 
 class _ShardedParam:
@@ -74,7 +76,7 @@ class _ShardedParam:
         self.placements = placements
         self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
                             info.world_size, info.group_name, info.reduce_scatter_group_name,
-                            info.replicate_group_name, grad_scale)
+                            info.replicate_group_name, grad_scale, info.float8_all_gather)
         self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
         self.requires_all_reduce = True  #: all-reduce over the replica group in backward
         self._taken = False  #: a forward since the last reduction took the accumulators
@@ -290,7 +292,7 @@ def _separate_group(mesh: DeviceMesh, dim: int) -> dist.ProcessGroup:
 
 
 def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: Any, reduce_scatter_group: Any,
-                   gradient_divide_factor: Any) -> None:
+                   gradient_divide_factor: Any, float8_all_gather: Any) -> None:
     if mode not in MODES:
         raise ValueError(f"data_parallel: mode={mode!r}; allowed: {', '.join(MODES)}")
     if not isinstance(mesh, DeviceMesh):
@@ -312,6 +314,10 @@ def _check_options(mode: str, mesh: Any, mp_policy: Any, reshard_after_forward: 
             isinstance(gradient_divide_factor, (int, float)) and gradient_divide_factor > 0):
         raise ValueError(f"data_parallel: gradient_divide_factor={gradient_divide_factor!r}; expected None or a "
                          f"positive number")
+    if not isinstance(float8_all_gather, bool):
+        raise ValueError(f"data_parallel: float8_all_gather={float8_all_gather!r}; expected True or False")
+    if float8_all_gather and mode == "replicate":
+        raise ValueError("data_parallel: float8_all_gather=True but mode='replicate' all-gathers nothing")
 
 
 def _check_fsdp2_only(model: nn.Module, mode: str, offload_policy: Any, shard_placement_fn: Any,
@@ -355,6 +361,7 @@ def data_parallel(
     ignored_params: Optional[Iterable[nn.Parameter]] = None,
     offload_policy: Any = None,
     shard_placement_fn: Optional[Callable[[nn.Parameter], Optional[Shard]]] = None,
+    float8_all_gather: bool = False,
 ) -> nn.Module:
     """Shard ``model``'s parameters over ``mesh`` in place (data parallel) and return ``model``.
 
@@ -381,6 +388,11 @@ def data_parallel(
     offload_policy / shard_placement_fn: ``fully_shard``'s, so that its calls carry over: ``None`` or
         ``OffloadPolicy()`` (no offload; ``CPUOffloadPolicy`` is not supported), and a function that returns
         ``None`` or ``Shard(0)`` for every parameter (other dims are not supported).
+    float8_all_gather: the weights of ``nn.Linear`` modules (2-D, this call's) are all-gathered as
+        ``float8_e4m3fn``: each rank scales its shard by ``448 / amax(|shard|)``, clamps, casts and sends the
+        bytes with its scale; the gathered rows are dequantised (each rank's by its scale) to ``param_dtype``
+        (or the parameter's dtype).  Half the bytes of a bf16 gather (plus 4 bytes per rank); gradients are
+        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
@@ -396,7 +408,8 @@ def data_parallel(
     if not isinstance(model, nn.Module):
         raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
     mesh = _default_mesh(mode, model) if mesh is None else mesh
-    _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor)
+    _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor,
+                   float8_all_gather)
     if reshard_after_forward is None:  # fully_shard's default; which call is the root is not known here
         reshard_after_forward = True
     ignored = {id(p) for p in ignored_params or ()}
@@ -456,7 +469,9 @@ def data_parallel(
                                  f"0-dimensional; mode={mode!r} shards dim 0 (use mode='replicate' or "
                                  f"ignored_params)")
             states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
-                                  mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide)
+                                  mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide,
+                                  float8_all_gather and isinstance(mod, nn.Linear) and name == "weight"
+                                  and p.dim() == 2)
             named.add(id(states[name]))
             managed.append(states[name])
             new_names.append(name)
@@ -496,7 +511,7 @@ def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
 
 def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank: int, mesh: DeviceMesh,
            placements: tuple, groups: tuple, param_dtype: Optional[torch.dtype], reduce_dtype: Optional[torch.dtype],
-           reshard_after_forward: bool, grad_scale: float) -> _ShardedParam:
+           reshard_after_forward: bool, grad_scale: float, float8_all_gather: bool) -> _ShardedParam:
     gather_group, rs_group, ar_group = groups
     full_shape = tuple(p.shape)
     if gather_group is not None:
@@ -517,6 +532,7 @@ def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank:
         orig_dtype=p.dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype or param_dtype or p.dtype,
         group_name=gather_group, world_size=world, reduce_scatter_group_name=rs_group if gather_group else None,
         replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
+        float8_all_gather=float8_all_gather and gather_group is not None,
     )
     state = _ShardedParam(info, storage, mesh, placements, grad_scale)
     # on the parameter it replaces: a tied parameter's other owners still hold that one until a call that reaches

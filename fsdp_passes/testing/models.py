@@ -54,6 +54,7 @@ def simple_fsdp(
     param_dtype: Optional[torch.dtype] = None,
     reduce_dtype: Optional[torch.dtype] = None,
     reduce_scatter_group: Any = None,
+    float8_all_gather: bool = False,
 ) -> nn.Module:
     """:func:`fsdp_passes.data_parallel` (``mode="fully_shard"``) over ``group`` (default: the world group), with
     gradients summed over ranks; returns ``module``.
@@ -61,12 +62,14 @@ def simple_fsdp(
     param_dtype: cast the shard to this dtype before the all-gather (None: no cast); floating-point
         positional inputs of ``module`` are cast to it too.
     reduce_dtype: reduce-scatter gradients in this dtype (None: the gathered parameter's dtype).
+    float8_all_gather: gather ``nn.Linear`` weights in float8 (``data_parallel``'s option).
     """
     if not dist.is_initialized():
         raise RuntimeError("simple_fsdp: no default process group (use fsdp_passes.testing.fake_process_group)")
     return data_parallel(module, _mesh_of(group), reshard_after_forward=reshard_after_forward,
                          mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-                         reduce_scatter_group=reduce_scatter_group, gradient_divide_factor=1.0)
+                         reduce_scatter_group=reduce_scatter_group, gradient_divide_factor=1.0,
+                         float8_all_gather=float8_all_gather)
 
 
 def _mesh_of(group: Optional[dist.ProcessGroup]) -> Any:
