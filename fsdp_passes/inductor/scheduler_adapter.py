@@ -23,7 +23,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from ..dag.flops import has_flop_formula
 from ..dag.from_fx import UnplannableGraph, fx_node_flops
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind, OutputBuffer
-from ..dag.ops import PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
+from ..dag.ops import FLOAT8_SCALING_OPS, PASS_THROUGH_OPS, classify, fill_collective, mark_fsdp
 
 
 def _size_hint(expr: Any) -> int:
@@ -308,7 +308,11 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
     def passes_through(i: int) -> bool:
         return nodes[i].kind is NodeKind.COMPUTE and _passes_through(snodes[i])
 
-    mark_fsdp(dag, passes_through)
+    @functools.cache
+    def scales(i: int) -> bool:
+        return nodes[i].kind is NodeKind.COMPUTE and _passes_through(snodes[i], FLOAT8_SCALING_OPS)
+
+    mark_fsdp(dag, passes_through, scaling=scales)
     return dag
 
 
@@ -343,10 +347,11 @@ def _origin_ops(snode: Any) -> list[str]:
     return ops
 
 
-def _passes_through(snode: Any) -> bool:
+def _passes_through(snode: Any, also: frozenset = frozenset()) -> bool:
     # a collective among the origins: the kernel that copies a collective's input into its buffer
     ops = _origin_ops(snode)
-    return bool(ops) and all(op in PASS_THROUGH_OPS or classify(op)[0] is NodeKind.COLLECTIVE for op in ops)
+    return bool(ops) and all(op in PASS_THROUGH_OPS or op in also or classify(op)[0] is NodeKind.COLLECTIVE
+                             for op in ops)
 
 
 def _graph_input_bytes() -> int:
