@@ -102,8 +102,14 @@ def hand_sharded_loss(world_size: int, seed: int = 0, n_blocks: int = 3, shard: 
     parameter stays one parameter); ``shard=False``: the same weights, unsharded (a reference)."""
     torch.manual_seed(seed)
     model = Loss(GPT(n_blocks=n_blocks))
-    if not shard:
-        return model
+    if shard:
+        shard_by_hand(model, world_size)
+    return model
+
+
+def shard_by_hand(model: nn.Module, world_size: int) -> None:
+    """Replace each parameter of ``model`` by an ``nn.Parameter`` holding a ``Shard(0)`` DTensor over the default
+    group, as a user would without any frontend; a tied parameter stays one parameter."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
@@ -114,7 +120,6 @@ def hand_sharded_loss(world_size: int, seed: int = 0, n_blocks: int = 3, shard: 
             if id(p) not in done:
                 done[id(p)] = nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]))
             module.register_parameter(name, done[id(p)])
-    return model
 
 
 def token_ids(seed: int, batch: int, seq: int) -> torch.Tensor:

@@ -11,7 +11,9 @@ padded gathers like the others.  And the warning when a graph reads parameters b
 
 from __future__ import annotations
 
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +23,10 @@ import torch.nn as nn
 import fsdp_passes
 from fsdp_passes.dag.from_fx import module_fqn, normalize_module_path, stack_parameter
 from fsdp_passes.testing import capture_fx_graphs, fake_process_group
+
+# the hand-sharding helper and the loss module live beside this file (test modules are imported by path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hand_sharded import Loss, shard_by_hand  # noqa: E402
 
 CLOSURE = "dict(type(L['self'].lm.model.embed_tokens).__dict__)['weight'].fget.__closure__[0].cell_contents"
 
@@ -98,34 +104,12 @@ class GPT(nn.Module):
         return self.head(x)
 
 
-class Loss(nn.Module):
-    def __init__(self, gpt: GPT) -> None:
-        super().__init__()
-        self.gpt = gpt
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return nn.functional.cross_entropy(self.gpt(ids).flatten(0, 1), ids.flatten())
-
-
-def _shard_parameters(model: nn.Module, world_size: int) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
-
-    mesh = init_device_mesh("cpu", (world_size,))
-    done: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module.named_parameters(recurse=False)):
-            if id(p) not in done:  # a tied parameter stays one parameter
-                done[id(p)] = nn.Parameter(distribute_tensor(p.detach(), mesh, [Shard(0)]))
-            module.register_parameter(name, done[id(p)])
-
-
 def test_plain_dtensor_gpt_names_blocks_tied_and_uneven_shards():
     plan = ["gpt.wte", "gpt.blocks.[0-1]"]
     with fake_process_group(world_size=8, rank=7):
         torch.manual_seed(0)
         model = Loss(GPT())
-        _shard_parameters(model, 8)
+        shard_by_hand(model, 8)
         fsdp_passes.last_reports(clear=True)
         graphs = capture_fx_graphs(model, torch.randint(0, 251, (2, 8)),
                                    options=dict(bucketing="manual", bucket_plan=plan, strict=True, memory_budget="1GB"))
@@ -173,7 +157,7 @@ def test_one_warning_when_a_graph_reads_parameters_but_traces_no_collective():
         # a frontend that gathers in the graph: no warning
         param_names._warn_no_collective_once.cache_clear()
         sharded = Loss(GPT(n_blocks=1))
-        _shard_parameters(sharded, 8)
+        shard_by_hand(sharded, 8)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             capture_fx_graphs(sharded, torch.randint(0, 251, (2, 8)), options=dict(bucketing="none"))
