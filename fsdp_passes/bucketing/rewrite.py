@@ -5,7 +5,9 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
     flat  = cat([reshape(s_i, [-1]) ...])                 # one copy-in; casts feeding s_i fuse into it
     out   = wait_tensor(all_gather_into_tensor(flat, n, group))
     full  = view(out, [n, total])                          # row r = rank r's flat input
-    p_i   = reshape(split_with_sizes(full, numels, 1)[i], full_shape_i)   # rank-major, like dim-0 gathering
+    cols  = split_with_sizes(full, numels, 1)               # member i: [n, numel_i] columns, rank-major
+    mm    = cat([reshape(cols_i, [-1]) ...])                 # one copy-out, member-major
+    p_i   = view(split_with_sizes(mm, n * numels)[i], full_shape_i)   # like dim-0 gathering, no copy
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
@@ -412,15 +414,17 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     wait = _wait(em, coll, made, like)
     rows = em.call(aten.view.default, (wait, [n, total]), made, like)
     parts = em.call(aten.split_with_sizes.default, (rows, sizes, 1), made, like)
-    outs = []
-    for i, (w, k) in enumerate(zip(waits, sizes)):
-        part = em.getitem(parts, i, made, w)
-        shape = list(w.meta["val"].shape)
-        if n > 1 and k != total:  # [n, k] columns of [n, total]: not viewable as the full shape, reshape copies
-            outs.append(em.fresh(aten.reshape.default, (part, shape), shape, v0, made, w, custom=True))
-        else:
-            outs.append(em.call(aten.reshape.default, (part, shape), made, w, custom=True))
-    return outs
+    pieces = [em.getitem(parts, i, made, w) for i, w in enumerate(waits)]
+    if n > 1:
+        # member i is the [n, k_i] columns of [n, total], not viewable as its full shape: one cat of the
+        # flattened columns copies every member out at once, member-major (copy kernels that Inductor emits
+        # together, instead of a reshape copy per member placed at each member's first use)
+        flats = [em.call(aten.reshape.default, (p, [-1]), made, w) for p, w in zip(pieces, waits)]
+        out = em.fresh(aten.cat.default, (flats,), [n * total], v0, made, like)
+        parts = em.call(aten.split_with_sizes.default, (out, [n * k for k in sizes]), made, like)
+        pieces = [em.getitem(parts, i, made, w) for i, w in enumerate(waits)]
+    return [em.call(aten.view.default, (p, list(w.meta["val"].shape)), made, w, custom=True)
+            for p, w in zip(pieces, waits)]
 
 
 def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
