@@ -27,10 +27,10 @@ between two collectives is the larger of
   its reduction), the point where overlap is just possible;
 
 and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
-before the issue and all members copied out before the first use of any; a reduction: each member copied in;
-the reduced shards are views).  A member whose input is computed for it alone by pointwise ops (a cast of the
-shard to ``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own: Inductor computes that
-input straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
+before the issue and all members copied out by one kernel before the first use of any; a reduction: each
+member copied in; the reduced shards are views).  A member whose input is computed for it alone by pointwise
+ops (a cast of the shard to ``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own:
+Inductor computes that input straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
 ``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
@@ -261,9 +261,9 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         own_copy = [m for m in members if not copy_fuses_with_producer(dag, m)] if merged else []
         if is_gather:
             # a merged gather: each member's shard copied in; every member copied out of the merged buffer
-            # together (one copy kernel per member), before the first use of any of them
+            # by one kernel, before the first use of any of them
             copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in own_copy))
-            copy_out.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in members) if merged else 0.0)
+            copy_out.append(copy_ms(total) if merged else 0.0)
         else:
             # a merged reduction: each member copied into the flat input; the reduced shards are views of the
             # output (no kernel)

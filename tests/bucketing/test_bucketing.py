@@ -173,38 +173,30 @@ def test_rewrite_preserves_shapes_dtypes_strides(mlp_graphs):
 
 
 def test_merged_gather_copies_its_members_out_at_once(mlp_graphs):
-    """A merged all-gather's members are [n, numel] columns of the gathered buffer: they come out of one cat
-    (one copy-out per bucket, emitted together by Inductor), and what read a member reads a view of that cat,
-    not a copy of its own."""
+    """A merged all-gather's members are [n, numel] columns of the gathered buffer: one op copies them all out
+    (``copy_out_members``: one extern kernel, no generated copy per member), right after the wait, and what
+    read a member reads a view of that op's output."""
     aten = torch.ops.aten
-    shape_ops = {aten.view.default, aten.reshape.default, aten.split_with_sizes.default, aten.cat.default}
+    copy_out = torch.ops.fsdp_passes.copy_out_members.default
     gm = _copy(mlp_graphs[0])
     bucket_graph(gm, Options(bucketing="manual", bucket_plan=PER_LAYER_PLAN, memory_budget="1GB"))
     merged = [c for c in _collectives(gm) if BUCKET_META_KEY in c.meta]
     assert len(merged) == N_LAYERS
+    assert all(c.target is c10d.all_gather_into_tensor.default for c in merged)
     for c in merged:
         wait = next(iter(c.users))
-        # the wait's shape-only successors (views, splits, their items, reshapes, cats)
-        closure, stack = set(), [wait]
-        while stack:
-            for u in stack.pop().users:
-                if u not in closure and u.op == "call_function" and (u.target in shape_ops
-                                                                     or u.target.__name__ == "getitem"):
-                    closure.add(u)
-                    stack.append(u)
-        cats = [n for n in closure if n.target is aten.cat.default]
-        assert len(cats) == 1, [n.name for n in cats]
-        (cat,) = cats
-        assert len(cat.args[0]) == len(c.meta[BUCKET_META_KEY]["members"])
-        after_cat, stack = {cat}, [cat]
-        while stack:
-            for u in stack.pop().users:
-                if u in closure and u not in after_cat:
-                    after_cat.add(u)
-                    stack.append(u)
-        readers = [(u, n) for n in closure for u in n.users if u not in closure]
-        assert readers and all(n in after_cat for _, n in readers), \
-            sorted((u.name, n.name) for u, n in readers if n not in after_cat)
+        (op,) = wait.users
+        assert op.target is copy_out
+        assert len(op.args[1]) == len(c.meta[BUCKET_META_KEY]["members"])
+        assert wait.next is op
+        (split,) = op.users  # member i: a view of the i-th block of the op's output, read by what read it
+        assert split.target is aten.split_with_sizes.default
+        assert len(split.users) == len(op.args[1])
+        for item in split.users:
+            assert item.target.__name__ == "getitem"
+            (view,) = item.users
+            assert view.target is aten.view.default
+            assert view.users and all(u.target is not aten.reshape.default for u in view.users)
 
 
 def test_merged_collective_placement(mlp_graphs):
