@@ -18,6 +18,7 @@ Models: ``llama`` (``fsdp_passes.testing.build_llama``) and Hugging Face transfo
 
     python benchmarks/compile_cost.py                                   # all models, 2 layers, 3 rounds
     python benchmarks/compile_cost.py --models mistral --layers 8 --rounds 2 --modes off,on,noreorder
+    python benchmarks/compile_cost.py --smoke                           # the Llama, 1 layer, 1 round (CI)
 """
 
 from __future__ import annotations
@@ -183,12 +184,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--world-size", type=int, default=8)
     ap.add_argument("--out", default=str(C.RESULTS_DIR / "compile_cost.json"))
+    ap.add_argument("--smoke", action="store_true", help="the Llama, 1 layer, 1 round (CI)")
     ap.add_argument("--child", nargs=4, metavar=("MODEL", "MODE", "LAYERS", "WORLD"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         model, mode, layers, world = a.child
         print(json.dumps(child(model, mode, int(layers), int(world))))
         return
+    if a.smoke:
+        a.models, a.layers, a.rounds = "llama", 1, 1
     models = a.models.split(",")
     modes = a.modes.split(",")
     for m in models:
