@@ -17,8 +17,12 @@ The growth exponent is the slope of log(time) against log(nodes), least squares 
 Captured part (skipped with --smoke): the Llama is compiled by the real Inductor pipeline up to the scheduler
 (nothing runs) without and with fsdp_passes (auto, reorder); Inductor's compile time is the wall time of that
 compile without the passes (Dynamo + AOTAutograd + post-grad passes + lowering + scheduler construction, both
-graphs), and the passes' cost is the pass_time_s they report.  With --full-compile, the full compile with code
-generation and C++ compilation (cold cache, fresh folder) is measured too.
+graphs), and the passes' cost is the pass_time_s they report.  Their own share is not what they cost a user:
+beside it the compile's wall time with the passes over without is printed (to the scheduler: what Inductor
+does more on the graphs they produce shows up only in code generation, which this part skips).  With
+--full-compile, the full compile with code generation and C++ compilation (cold cache, fresh folder) is
+measured too, and its ratio with / without the passes (one run each; benchmarks/compile_cost.py measures that
+ratio alternated, in fresh processes, on several models).
 
     python benchmarks/pass_scaling.py                 # 1k, 10k, 100k + captured 8-layer graph
     python benchmarks/pass_scaling.py --layers 32
@@ -281,6 +285,9 @@ def time_captured(layers: int, seq_len: int, world: int, full_compile: bool) -> 
                 out["full_compile"][label] = {"wall_s": wall, "pass_s": passes}
             full = out["full_compile"]
             out["ratio_pass_to_full_compile"] = full["inductor+ours"]["pass_s"] / full["inductor"]["wall_s"]
+            # the whole compile with the passes over without: what they cost a user (their own time, and what
+            # Inductor does more on the graphs they produce: copy kernels, kernels split by collectives)
+            out["ratio_full_compile_with_passes"] = full["inductor+ours"]["wall_s"] / full["inductor"]["wall_s"]
     return out
 
 
@@ -399,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
               f"nodes {cap['nodes']}")
         print(f"  Inductor to scheduler (both graphs, no comm passes): {cap['baseline_to_scheduler_s']:.2f} s; "
               f"with ours: {cap['ours_to_scheduler_s']:.2f} s; our passes: {cap['ours_pass_total_s']:.3f} s "
-              f"({100 * cap['ratio_pass_to_inductor_to_scheduler']:.1f}%)")
+              f"({100 * cap['ratio_pass_to_inductor_to_scheduler']:.1f}%; the compile to the scheduler with / "
+              f"without the passes: {1 + cap['ratio_added_wall_to_scheduler']:.2f}x)")
         print(f"  CPU time: Inductor to scheduler {cap['baseline_to_scheduler_cpu_s']:.2f} s; our passes "
               f"{cap['ours_pass_total_cpu_s']:.3f} s ({100 * cap['ratio_pass_to_inductor_to_scheduler_cpu']:.1f}%)")
         print("  CPU time per pass call (forward, backward): " + "; ".join(
@@ -421,10 +429,14 @@ def main(argv: list[str] | None = None) -> int:
             f = cap["full_compile"]
             print(f"  full compile, cold cache: Inductor {f['inductor']['wall_s']:.1f} s, with ours "
                   f"{f['inductor+ours']['wall_s']:.1f} s (passes {f['inductor+ours']['pass_s']:.2f} s, "
-                  f"{100 * cap['ratio_pass_to_full_compile']:.1f}%)")
+                  f"{100 * cap['ratio_pass_to_full_compile']:.1f}%; the whole compile with / without the passes: "
+                  f"{cap['ratio_full_compile_with_passes']:.2f}x)")
             doc["targets"].append({"target": "our passes <= 3% of Inductor's full compile time",
                                    "met": cap["ratio_pass_to_full_compile"] <= 0.03,
                                    "value": cap["ratio_pass_to_full_compile"]})
+            doc["targets"].append({"target": "the whole compile with the passes <= 1.10x without (one run each)",
+                                   "met": cap["ratio_full_compile_with_passes"] <= 1.10,
+                                   "value": cap["ratio_full_compile_with_passes"]})
     for t in doc["targets"]:
         print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "
               + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in t.items()

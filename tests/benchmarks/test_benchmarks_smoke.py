@@ -63,3 +63,17 @@ def test_pass_scaling_smoke(tmp_path: Path) -> None:
     assert entry["fallback"] is None
     assert doc["captured"] is None
     assert "growth exponent" in stdout
+
+
+def test_compile_cost_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "compile_cost.json"
+    stdout = _run("compile_cost.py", out, timeout=600)
+    doc = json.loads(out.read_text())
+    runs = doc["models"]["llama"]["runs"]
+    assert [r["mode"] for r in runs] == ["off", "on"]
+    off, on = runs
+    assert off["wall_s"] > 0 and on["wall_s"] > 0
+    assert off["kernels"] > 0 and off["cpp_libraries"] > 0
+    assert off["merged_buckets"] == 0 and off["pass_s"] == 0
+    assert on["merged_buckets"] > 0 and on["pass_s"] > 0
+    assert "ratio" in stdout
