@@ -42,17 +42,20 @@ def token_batches(steps: int, global_batch: int, vocab: int, seq_len: int, seed:
 
 
 def train_adamw(model, fn, batches: list, weight_decay: float = 0.0, max_norm: float | None = None,
-                norms: list | None = None):
+                norms: list | None = None, losses: list | None = None):
     """One AdamW step (lr 1e-2) per batch of ``token_batches`` on the cross entropy of ``fn(tokens)``; returns
     the optimizer.  Parameters without a gradient (frozen) are left alone, as AdamW does.  With ``max_norm``,
     the gradients are clipped to it first (``torch.nn.utils.clip_grad_norm_``), and each step's total norm
-    before clipping is appended to ``norms`` if given."""
+    before clipping is appended to ``norms`` if given; each step's loss (a float) to ``losses`` if given."""
     import torch
     import torch.nn.functional as F
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=weight_decay)
     for tokens, targets in batches:
-        F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten()).backward()
+        loss = F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten())
+        loss.backward()
+        if losses is not None:
+            losses.append(loss.item())
         if max_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
             if norms is not None:

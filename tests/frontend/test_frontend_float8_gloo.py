@@ -14,7 +14,7 @@ import pytest
 from fsdp_passes.testing import run_on_gloo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from gloo_reports import fresh_compile_state, token_batches  # noqa: E402
+from gloo_reports import fresh_compile_state, token_batches, train_adamw  # noqa: E402
 
 VOCAB = 67
 LLAMA = dict(n_layers=1, dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, vocab=VOCAB, seq_len=8)
@@ -28,21 +28,6 @@ E4M3_SUBNORMAL_HALF_STEP = 2.0 ** -10
 #: tolerance of the float8 run's losses against the bf16 run's (relative, each of the 3 steps): the gathered
 #: weights move by up to 2**-4 of themselves; the losses moved by at most 1.5e-3 (docs/frontend.md)
 LOSS_REL_TOL = 1e-2
-
-
-def _train(model, fn, batches: list) -> list[float]:
-    import torch
-    import torch.nn.functional as F
-
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for tokens, targets in batches:
-        loss = F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
 
 
 def _gathered_weights(rank: int, world_size: int) -> dict:
@@ -97,7 +82,8 @@ def _training(rank: int, world_size: int) -> dict:
         if passes:
             fsdp_passes.enable(**passes)
         try:
-            losses = _train(model, torch.compile(model, fullgraph=True) if compiled else model, batches)
+            losses: list[float] = []
+            train_adamw(model, torch.compile(model, fullgraph=True) if compiled else model, batches, losses=losses)
         finally:
             fsdp_passes.disable()
         reports = fsdp_passes.last_reports(clear=True)
