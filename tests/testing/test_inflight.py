@@ -11,7 +11,7 @@ import torch
 
 import fsdp_passes
 from fsdp_passes.testing import build_llama, build_mlp, example_inputs, fake_process_group
-from fsdp_passes.testing.inflight import inflight_hazards
+from fsdp_passes.testing import inflight_hazards
 
 WAIT = "torch.ops._c10d_functional.wait_tensor.default({})"
 
