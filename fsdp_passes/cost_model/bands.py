@@ -2,8 +2,9 @@
 
 Where small collectives do not follow the α–β line (a host's per-call cost and thread wake-ups, a traffic
 shaper whose burst lets small messages through faster than its rate), a profile can price them from
-measurement instead: one band per measured size up to ``max_bytes``, each the time of a call of one ring step (``call``, per-call cost and
-step together) and of every further step (``step``) (``profiles`` module docstring).  The fit reads a
+measurement instead: one band per measured size up to ``max_bytes``, each the time of a call of one ring
+step (``call``, per-call cost and step together) and of every further step (``step``) (``profiles`` module
+docstring).  The fit reads a
 ``Calibration`` (the per-size medians of a sweep, ``calibrate``): at each size an all-gather takes ``k = n−1``
 ring steps and an all-reduce ``2k`` (a gloo reduce-scatter is its all-reduce, an NCCL one takes an
 all-gather's ``k``), so

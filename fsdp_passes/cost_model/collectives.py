@@ -42,8 +42,8 @@ late (measured on the emulated 400 Mbit link, 2 ranks: a 16 MiB all-gather took 
 A profile with ``small_collective_bands`` prices an all-gather, reduce-scatter or all-reduce whose full
 payload is at most a band's ``max_bytes`` from that band instead, whatever the algorithm or protocol:
 ``call_us + (steps − 1) · step_us``, transfer included, ``steps`` the ring's (``n−1``, an all-reduce
-``2(n−1)``, a gloo reduce-scatter as its all-reduce); ``collective_floor_us`` still applies.  Such bands are fitted to a
-measured sweep where small calls do not follow the α–β line (``cost_model.bands``).
+``2(n−1)``, a gloo reduce-scatter as its all-reduce); ``collective_floor_us`` still applies.  Such bands are
+fitted to a measured sweep where small calls do not follow the α–β line (``cost_model.bands``).
 Any other collective (broadcast, barrier, ...) is priced as a pipelined ring broadcast: ring latency plus
 ``nbytes / busbw``, charged even for zero bytes (a barrier still costs its latency).
 """
