@@ -48,8 +48,8 @@ def calibrate(
     to a whole number of elements per rank.  Collective only: every rank of ``group`` must call it.
     ``progress``, when given, is called with one line per point measured (this rank's median, before the
     ranks agree on the slowest), so that a sweep of minutes is not silent.  ``samples``, when given a list,
-    receives one ``(op, nbytes, [ms, ...])`` per point: every timed sample, each the slowest rank's time of
-    that iteration (the same on every rank), for the spread of a point.
+    receives one ``(op, nbytes, [ms, ...])`` per point: every timed sample of the rank whose median the table
+    holds (the slowest; the same on every rank), for the spread of a point.
     """
     import torch
     import torch.distributed as dist
@@ -114,10 +114,12 @@ def calibrate(
     agreed = torch.tensor([ms for _, _, ms in measured], dtype=torch.float64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
     if samples is not None:
-        slowest = torch.tensor(all_times, dtype=torch.float64, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        for (op, nbytes, _), times in zip(measured, slowest.tolist()):
-            samples.append((op.value, nbytes, times))
+        mine = torch.tensor(all_times, dtype=torch.float64, device=device)
+        every = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(every, mine, group=group)
+        for i, (op, nbytes, _) in enumerate(measured):
+            slowest = max((e[i].tolist() for e in every), key=statistics.median)
+            samples.append((op.value, nbytes, slowest))
     cal = Calibration(
         meta={
             "backend": str(backend),
