@@ -51,6 +51,7 @@ from typing import Any, Callable
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "emulated_cluster.json"
 DEFAULT_PREFIX = "fsdpbench"
+TBF_BURST_BYTES = 256 * 1024  # the token bucket's size (tc "256kb"): bytes that pass at line rate when it is full
 SUBNET = "10.213.7."  # .1 rank 0, .2 rank 1; exists only inside our two namespaces
 ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_separate",
                "fsdp_passes_manual", "compute_only", "comm_only")
@@ -127,7 +128,7 @@ class Cluster:
         self.veths = [f"fb{os.getpid()}a", f"fb{os.getpid()}b"]  # <= 15 characters
         self.addrs = [SUBNET + "1", SUBNET + "2"]
         self.rate = rate
-        self.tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "200ms"]
+        self.tbf = ["tbf", "rate", rate, "burst", f"{TBF_BURST_BYTES // 1024}kb", "latency", "200ms"]
         self.procs: list[subprocess.Popen] = []
         self._closed = False
 
@@ -440,9 +441,15 @@ def _machine() -> dict:
     return {**machine(), "threads_per_rank": torch.get_num_threads()}
 
 
+#: share of the shaped rate that carries TCP payload: tbf counts whole frames, and a full 1500-byte-MTU frame
+#: is 1514 bytes (14 Ethernet, 20 IP, 32 TCP with timestamps) around 1448 of payload
+TCP_PAYLOAD_FRACTION = 1448 / 1514
+
+
 def _link_profile(rate: str, gflops: float, latency_us: tuple[float, float]) -> dict:
-    """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks): the link's rate,
-    the thread's FLOP/s and the link's latencies, a base and one per ring step (``_measure_link_latency_us``)."""
+    """An fsdp_passes cluster profile for this link and this CPU thread (same on both ranks): the link's rate
+    (its TCP payload share, ``TCP_PAYLOAD_FRACTION``), the thread's FLOP/s and the link's latencies, a base and
+    one per ring step (``_measure_link_latency_us``)."""
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
     text = rate.lower()
     bits = None
@@ -450,7 +457,7 @@ def _link_profile(rate: str, gflops: float, latency_us: tuple[float, float]) -> 
         if text.endswith(suffix):
             bits = float(text[: -len(suffix)]) * factor
             break
-    gbytes = (bits or 400e6) / 8 / 1e9
+    gbytes = (bits or 400e6) / 8 / 1e9 * TCP_PAYLOAD_FRACTION
     base_us, step_us = latency_us
     latencies = {f"{algo}_base_latency_{proto}_us": base_us for algo in ("ring", "tree") for proto in ("simple", "ll")}
     latencies.update({f"{where}_hop_latency_{proto}_us": step_us for where in ("intra", "inter")

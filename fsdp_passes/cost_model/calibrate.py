@@ -40,6 +40,7 @@ def calibrate(
     dtype: str = "float32",
     group=None,
     progress: Optional[Callable[[str], None]] = None,
+    samples: Optional[list] = None,
 ) -> Calibration:
     """Time each op at each size on ``group`` (default: the world) and return the agreed table.
 
@@ -48,7 +49,9 @@ def calibrate(
     then MAX-reduced over ranks.  Sizes are full payloads (gathered / pre-scatter / buffer), rounded down
     to a whole number of elements per rank.  Collective only: every rank of ``group`` must call it.
     ``progress``, when given, is called with one line per point measured (this rank's median, before the
-    ranks agree on the slowest), so that a sweep of minutes is not silent.
+    ranks agree on the slowest), so that a sweep of minutes is not silent.  ``samples``, when given a list,
+    receives one ``(op, nbytes, [ms, ...])`` per point: every timed sample of the rank whose median the table
+    holds (the slowest; the same on every rank), for the spread of a point.
     """
     import torch
     import torch.distributed as dist
@@ -71,6 +74,7 @@ def calibrate(
             torch.cuda.synchronize(device)
 
     measured: list[tuple[CollectiveOp, int, float]] = []
+    all_times: list[list[float]] = []
     for op in ops:
         for size in sizes:
             per_rank = max(1, size // (itemsize * n))
@@ -79,21 +83,29 @@ def calibrate(
             for _ in range(warmup):
                 fn()
             sync()
-            samples = []
+            times = []
             for _ in range(iters):
                 dist.barrier(group=group)
                 sync()
                 t0 = time.perf_counter()
                 fn()
                 sync()
-                samples.append((time.perf_counter() - t0) * 1e3)
-            measured.append((op, full * itemsize, statistics.median(samples)))
+                times.append((time.perf_counter() - t0) * 1e3)
+            measured.append((op, full * itemsize, statistics.median(times)))
+            all_times.append(times)
             if progress is not None:
                 progress(f"{op.value} {full * itemsize} B: {measured[-1][2]:.4g} ms "
                          f"({len(measured)}/{len(ops) * len(sizes)})")
     # every rank must write the same table: take the slowest rank's median for each point
     agreed = torch.tensor([ms for _, _, ms in measured], dtype=torch.float64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+    if samples is not None:
+        mine = torch.tensor(all_times, dtype=torch.float64, device=device)
+        every = [torch.empty_like(mine) for _ in range(n)]
+        dist.all_gather(every, mine, group=group)
+        for i, (op, nbytes, _) in enumerate(measured):
+            slowest = max((e[i].tolist() for e in every), key=statistics.median)
+            samples.append((op.value, nbytes, slowest))
     cal = Calibration(
         meta={
             "backend": str(backend),

@@ -39,6 +39,11 @@ first writes its first chunk before its own notice reaches the other rank, which
 late (measured on the emulated 400 Mbit link, 2 ranks: a 16 MiB all-gather took 258 ms, 1.5x the 168 ms of
 8 MiB per direction, and the byte counts show one rank silent for one 4 MiB chunk time; a 1 MiB all-gather's
 256 KiB chunks start on time).
+A profile with ``small_collective_bands`` prices an all-gather, reduce-scatter or all-reduce whose full
+payload is at most a band's ``max_bytes`` from that band instead, whatever the algorithm or protocol:
+``call_us + (steps − 1) · step_us``, transfer included, ``steps`` the ring's (``n−1``, an all-reduce
+``2(n−1)``, a gloo reduce-scatter as its all-reduce); ``collective_floor_us`` still applies.  Such bands are
+fitted to a measured sweep where small calls do not follow the α–β line (``cost_model.bands``).
 Any other collective (broadcast, barrier, ...) is priced as a pipelined ring broadcast: ring latency plus
 ``nbytes / busbw``, charged even for zero bytes (a barrier still costs its latency).
 """
@@ -84,7 +89,7 @@ class CollectiveEstimate:
 
     ms: float
     algorithm: str  # "ring", "tree", "pairwise" or "none"
-    protocol: str  # "simple", "ll" or "none"
+    protocol: str  # "simple", "ll", "band" (a measured small_collective_bands price) or "none"
     latency_us: float
     bus_bw_gbps: float
 
@@ -187,6 +192,17 @@ def _protocols(profile: ClusterProfile, topo: GroupTopology, busbw: float) -> li
 GLOO_UNBLOCKED_BYTES = 256 * 1024
 
 
+_BAND_OPS = tuple(op for op, kind in KINDS.items() if "ring" in kind.algorithms and kind.ring_passes is not None)
+
+
+def _band(bands: tuple[tuple[int, float, float], ...], nbytes: float) -> tuple[int, float, float] | None:
+    """The first of the profile's ``small_collective_bands`` that holds ``nbytes``, or None above the last."""
+    for band in bands:
+        if nbytes <= band[0]:
+            return band
+    return None
+
+
 def _ms(latency_us: float, bytes_on_wire: float, bw_gbps: float) -> float:
     # GB/s = 1e9 B/s -> bytes / (bw * 1e9) s = bytes / (bw * 1e6) ms
     return latency_us / 1e3 + bytes_on_wire / (bw_gbps * 1e6)
@@ -213,6 +229,13 @@ def estimate_collective(
     gloo = profile.collective_library == "gloo"
     if gloo and kind.gloo_priced_as is not None:
         kind = KINDS[kind.gloo_priced_as]
+    floor_ms = profile.collective_floor_us / 1e3
+    if profile.small_collective_bands and kind.op in _BAND_OPS:
+        band = _band(profile.small_collective_bands, nbytes)
+        if band is not None:  # a measured price, transfer included (module docstring)
+            steps = kind.ring_steps(n - 1)
+            lat = band[1] + (steps - 1) * band[2]
+            return CollectiveEstimate(max(lat / 1e3, floor_ms), "ring", "band", lat, busbw)
     inter_floor = profile.inter_node_latency_floor_us if topo.nodes > 1 else 0.0
 
     def lat_floor(lat_us: float) -> float:
@@ -250,7 +273,6 @@ def estimate_collective(
                 t_inter = nbytes * (n - k) / n / (per_rank_nic * bw_scale * 1e6)
             candidates.append(CollectiveEstimate(lat / 1e3 + max(t_intra, t_inter), "pairwise", proto, lat, bw))
     best = min(candidates, key=lambda c: (c.ms, c.algorithm, c.protocol))
-    floor_ms = profile.collective_floor_us / 1e3
     if best.ms < floor_ms:
         # back-to-back calls cannot complete faster than they are issued; the transfer hides under the floor
         best = replace(best, ms=floor_ms)

@@ -25,6 +25,16 @@ Conventions (see each shipped JSON's ``description`` for its sources):
   filling and draining its pipeline of tiles, which a large GEMM hides and a small one does not (0: none).
 * ``collective_library`` says which algorithms run: ``"nccl"`` (ring / tree, LL / Simple, the fastest wins)
   or ``"gloo"`` (ring only; gloo's tensor reduce-scatter runs a full ring all-reduce and keeps one chunk).
+* ``small_collective_bands``: measured prices of small ring collectives (all-gather, reduce-scatter,
+  all-reduce), for links where the α–β line does not hold at small sizes (a host's per-call cost and
+  scheduling, a traffic shaper's burst that lets small messages through faster than the rate).  A tuple of
+  bands ``(max_bytes, call_us, step_us)``, ascending in ``max_bytes``; a call whose full payload is at most a
+  band's ``max_bytes`` (the first such band) takes ``call_us + (steps − 1) · step_us``, transfer included:
+  ``call_us`` is a call of one ring step (the per-call floor), ``step_us`` every further step, ``steps`` the
+  call's ring steps (``n−1``; an all-reduce, and gloo's reduce-scatter, ``2(n−1)``); larger calls are priced
+  by the α–β model.  ``call_us`` and ``step_us`` never decrease from one band to the next, so more
+  bytes never cost less inside the bands.  Empty (the default): no bands.  Fitted from a measured sweep by
+  ``fit_small_collective_bands`` (``cost_model.bands``).
 * Overlap costs: ``collective_issue_us`` is the host time the compute stream spends issuing one collective
   (the device cannot start what the host has not issued); ``compute_slowdown_during_comm`` is how much longer
   compute takes while a collective runs on the same device (0.3: 30 % longer), from shared SMs and memory
@@ -85,6 +95,7 @@ class ClusterProfile:
     inter_node_latency_floor_us: float = 0.0
     net_overhead_us: float = 0.0
     matmul_fixed_us: float = 0.0
+    small_collective_bands: tuple[tuple[int, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -101,6 +112,7 @@ class ClusterProfile:
 _INT_FIELDS = ("gpus_per_node", "nics_per_node")
 _FRACTION_FIELDS = ("ll_bandwidth_fraction", "tree_bandwidth_fraction")
 _STR_FIELDS = ("name", "description", "collective_library")
+_BAND_FIELDS = ("small_collective_bands",)
 _NON_NEGATIVE_FIELDS = (
     "collective_issue_us",
     "compute_slowdown_during_comm",
@@ -118,8 +130,35 @@ _REQUIRED = tuple(
 )
 # everything else must be a positive finite number
 _POSITIVE_FIELDS = tuple(
-    n for n in _FIELD_NAMES if n not in _INT_FIELDS + _FRACTION_FIELDS + _STR_FIELDS + _NON_NEGATIVE_FIELDS
+    n for n in _FIELD_NAMES
+    if n not in _INT_FIELDS + _FRACTION_FIELDS + _STR_FIELDS + _NON_NEGATIVE_FIELDS + _BAND_FIELDS
 )
+_BAND_EXPECTED = ("(max_bytes, call_us, step_us) triples, max_bytes a positive integer and strictly increasing, "
+                  "call_us and step_us non-negative and never decreasing from one band to the next")
+
+
+def _band_problem(bands: Any) -> str | None:
+    """Why ``bands`` is not a valid ``small_collective_bands`` value, or None."""
+    if not isinstance(bands, tuple):
+        return "not a tuple"
+    previous = None
+    for i, band in enumerate(bands):
+        if not isinstance(band, tuple) or len(band) != 3:
+            return f"band {i} is not a (max_bytes, call_us, step_us) triple"
+        max_bytes, call_us, step_us = band
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            return f"band {i}: max_bytes={max_bytes!r} is not a positive integer"
+        for what, v in (("call_us", call_us), ("step_us", step_us)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                return f"band {i}: {what}={v!r} is not a non-negative finite number"
+        if previous is not None:
+            if max_bytes <= previous[0]:
+                return f"band {i}: max_bytes={max_bytes} does not exceed band {i - 1}'s {previous[0]}"
+            if call_us < previous[1] or step_us < previous[2]:
+                return (f"band {i}: call_us, step_us ({call_us}, {step_us}) below band {i - 1}'s "
+                        f"({previous[1]}, {previous[2]})")
+        previous = band
+    return None
 
 
 def _validate(p: ClusterProfile) -> None:
@@ -145,6 +184,10 @@ def _validate(p: ClusterProfile) -> None:
         v = getattr(p, f)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise bad(f, "a non-negative finite number")
+    problem = _band_problem(p.small_collective_bands)
+    if problem is not None:
+        raise ValueError(f"cluster profile {p.name!r}: small_collective_bands={p.small_collective_bands!r} is not "
+                         f"valid ({problem}), expected {_BAND_EXPECTED}")
     if p.collective_library not in COLLECTIVE_LIBRARIES:
         raise bad("collective_library", f"one of {', '.join(map(repr, COLLECTIVE_LIBRARIES))}")
     v = p.ll_bandwidth_fraction
@@ -203,6 +246,20 @@ def _coerce(field: str, value: Any, where: str) -> Any:
     """JSON gives ints for whole floats and floats for ints: make numbers fit the field's type."""
     if field in _STR_FIELDS:
         return value
+    if field in _BAND_FIELDS:
+        # JSON gives lists: a list of [max_bytes, call_us, step_us] lists becomes a tuple of triples
+        if not isinstance(value, (list, tuple)) or not all(isinstance(b, (list, tuple)) and len(b) == 3
+                                                           for b in value):
+            raise ValueError(f"{where}: {field}={value!r} is not valid, expected {_BAND_EXPECTED}")
+        out = []
+        for b in value:
+            max_bytes, call_us, step_us = b
+            if (isinstance(max_bytes, (int, float)) and not isinstance(max_bytes, bool)
+                    and math.isfinite(max_bytes) and float(max_bytes) == int(max_bytes)):
+                max_bytes = int(max_bytes)
+            out.append((max_bytes, *(float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                                     for v in (call_us, step_us))))
+        return tuple(out)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: {field}={value!r} is not valid, expected a number")
     if field in _INT_FIELDS:

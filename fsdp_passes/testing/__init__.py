@@ -9,6 +9,7 @@
 from .dag_builder import DagBuilder
 from .capture import CapturedGraphs, SchedulerCapture, capture_fx_graphs, capture_scheduler_nodes
 from .gloo import RankFailed, run_on_gloo
+from .inflight import InflightHazard, inflight_hazards
 from .models import (
     FSDP_PARAM_META_KEY,
     FSDPParam,
@@ -32,6 +33,8 @@ __all__ = [
     "capture_scheduler_nodes",
     "RankFailed",
     "run_on_gloo",
+    "InflightHazard",
+    "inflight_hazards",
     "FSDP_PARAM_META_KEY",
     "FSDPParam",
     "Llama",

@@ -54,8 +54,13 @@ def test_calibrate_inside_an_existing_process_group(tmp_path):
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         lines = []
-        cal = calibrate(sizes=[4096, 65536], iters=2, warmup=1, ops=[CollectiveOp.ALL_REDUCE], progress=lines.append)
+        samples = []
+        cal = calibrate(sizes=[4096, 65536], iters=2, warmup=1, ops=[CollectiveOp.ALL_REDUCE], progress=lines.append,
+                        samples=samples)
         points = cal.points(CollectiveOp.ALL_REDUCE, 1)
+        # every timed sample of every point; the table holds their median (one rank: nothing to agree on)
+        assert [(op, b, len(t)) for op, b, t in samples] == [("all_reduce", 4096, 2), ("all_reduce", 65536, 2)]
+        assert [sum(t) / 2 for _, _, t in samples] == pytest.approx([ms for _, ms in points], rel=1e-9)
         assert [b for b, _ in points] == [4096, 65536]
         # one progress line per point, with the median the table holds (one rank: nothing to agree on)
         assert [line.split(":")[0] for line in lines] == ["all_reduce 4096 B", "all_reduce 65536 B"]

@@ -1,0 +1,133 @@
+"""A profile's ``small_collective_bands`` (measured prices of small collectives) and their fit to a sweep,
+against hand-computed figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fsdp_passes.cost_model import (
+    Calibration,
+    collective_ms,
+    estimate_collective,
+    fit_small_collective_bands,
+    load_profile,
+)
+
+BANDS = [[4096, 100, 30], [65536, 200, 50]]
+
+
+@pytest.fixture
+def banded():
+    return load_profile({"base": "cpu-gloo", "small_collective_bands": BANDS})
+
+
+def test_band_prices_hand_computed(banded):
+    # a call of one ring step costs call_us, each further step step_us; gloo's reduce-scatter is its all-reduce
+    e = estimate_collective("all_gather", 1024, 2, banded)
+    assert (e.ms, e.algorithm, e.protocol, e.latency_us) == (pytest.approx(0.100), "ring", "band", 100.0)
+    assert collective_ms("all_gather", 4096, 2, banded) == pytest.approx(0.100)  # max_bytes is inside the band
+    assert collective_ms("all_reduce", 4096, 2, banded) == pytest.approx(0.130)  # 100 + 1 x 30
+    assert collective_ms("reduce_scatter", 4096, 2, banded) == pytest.approx(0.130)
+    assert collective_ms("all_gather", 4097, 2, banded) == pytest.approx(0.200)  # the second band
+    # 8 ranks: an all-gather 7 steps (200 + 6 x 50 us), an all-reduce 14 (200 + 13 x 50 us)
+    assert collective_ms("all_gather", 65536, 8, banded) == pytest.approx(0.500)
+    assert collective_ms("all_reduce", 65536, 8, banded) == pytest.approx(0.850)
+
+
+def test_above_the_last_band_and_other_collectives_keep_the_alpha_beta_price(banded):
+    plain = load_profile("cpu-gloo")
+    for op, nbytes in (("all_gather", 65537), ("all_reduce", 1 << 20), ("all_to_all", 1024), ("other", 1024)):
+        assert collective_ms(op, nbytes, 2, banded) == collective_ms(op, nbytes, 2, plain), (op, nbytes)
+    assert collective_ms("all_gather", 0, 2, banded) == 0.0 and collective_ms("all_gather", 1024, 1, banded) == 0.0
+
+
+def test_bands_on_an_nccl_profile_and_the_call_floor():
+    p = load_profile({"base": "h100-nvlink", "small_collective_bands": BANDS})
+    # NCCL's reduce-scatter takes an all-gather's n-1 steps: 100 + 6 x 30 us on 8 ranks, whatever the tree / LL
+    assert estimate_collective("reduce_scatter", 4096, 8, p).ms == pytest.approx(0.280)
+    assert estimate_collective("all_reduce", 4096, 8, p).ms == pytest.approx(0.490)  # 100 + 13 x 30
+    # h100-nvlink's collective_floor_us (45) still bounds a band price from below
+    low = load_profile({"base": "h100-nvlink", "small_collective_bands": [[4096, 10, 1]]})
+    assert collective_ms("all_gather", 1024, 2, low) == pytest.approx(0.045)
+
+
+def test_bands_round_trip_through_json(banded, tmp_path):
+    assert banded.small_collective_bands == ((4096, 100.0, 30.0), (65536, 200.0, 50.0))
+    assert load_profile(json.loads(json.dumps(banded.to_dict()))) == banded
+    path = tmp_path / "link.json"
+    path.write_text(json.dumps({"base": "cpu-gloo", "small_collective_bands": BANDS}))
+    assert load_profile(str(path)) == banded
+    assert load_profile("cpu-gloo").small_collective_bands == ()
+
+
+@pytest.mark.parametrize("bands, words", [
+    ("x", ["small_collective_bands", "triples"]),
+    ([[4096, 100]], ["small_collective_bands", "triples"]),
+    ([[0, 1, 1]], ["small_collective_bands", "band 0", "max_bytes=0"]),
+    ([[4096.5, 1, 1]], ["small_collective_bands", "band 0", "max_bytes=4096.5"]),
+    ([[True, 1, 1]], ["small_collective_bands", "max_bytes=True"]),
+    ([[4096, -1, 0]], ["small_collective_bands", "band 0", "call_us=-1.0"]),
+    ([[4096, 1, float("nan")]], ["small_collective_bands", "band 0", "step_us=nan"]),
+    ([[4096, 1, 1], [4096, 2, 2]], ["small_collective_bands", "band 1", "does not exceed"]),
+    ([[4096, 100, 30], [65536, 90, 30]], ["small_collective_bands", "band 1", "below band 0"]),
+    ([[4096, 100, 30], [65536, 100, 20]], ["small_collective_bands", "band 1", "below band 0"]),
+])
+def test_bad_bands_are_value_errors_naming_the_field(bands, words):
+    with pytest.raises(ValueError) as info:
+        load_profile({"base": "cpu-gloo", "small_collective_bands": bands})
+    for w in words:
+        assert w in str(info.value)
+
+
+def _cal(points: dict[str, dict[int, float]], n: int = 2) -> Calibration:
+    cal = Calibration()
+    for op, table in points.items():
+        for nbytes, ms in table.items():
+            cal.add_collective(op, n, nbytes, ms)
+    return cal
+
+
+def test_fit_two_ranks_hand_computed():
+    cal = _cal({"all_gather": {1024: 0.30, 4096: 0.40, 16384: 0.32, 1 << 20: 10.0},
+                "all_reduce": {1024: 0.50, 4096: 0.55, 16384: 0.60, 1 << 20: 21.0},
+                "reduce_scatter": {1024: 0.70, 4096: 0.65, 16384: 0.62}})
+    bands = fit_small_collective_bands(cal, 2, 65536)
+    # one-step times (all-gather) 0.30 0.40 0.32 -> smallest at this size or above: 0.30 0.32 0.32 ms;
+    # two-step times (median of all-reduce and gloo's reduce-scatter) 0.60 0.60 0.61 -> 0.60 0.60 0.61 ms;
+    # call = t1, step = t2 - t1: (300, 300), (320, 280 -> raised to 300), (320, 290 -> 300) µs
+    assert [b[0] for b in bands] == [1024, 4096, 16384]
+    assert [b[1:] for b in bands] == [pytest.approx((300, 300)), pytest.approx((320, 300)), pytest.approx((320, 300))]
+    p = load_profile({"base": "cpu-gloo", "small_collective_bands": bands})
+    assert collective_ms("all_gather", 1024, 2, p) == pytest.approx(0.30)
+    assert collective_ms("all_reduce", 1024, 2, p) == pytest.approx(0.60)
+    plain = load_profile("cpu-gloo")
+    assert collective_ms("all_gather", 1 << 20, 2, p) == collective_ms("all_gather", 1 << 20, 2, plain)
+
+
+def test_fit_edge_cases_hand_computed():
+    # two-step calls measured faster than one-step ones: no per-step time, the call the mean of the two
+    cal = _cal({"all_gather": {1024: 0.5}, "all_reduce": {1024: 0.4}, "reduce_scatter": {1024: 0.4}})
+    assert fit_small_collective_bands(cal, 2, 4096) == (pytest.approx((1024, 450, 0)),)
+    # NCCL: the reduce-scatter takes the all-gather's steps: t1 = median(0.3, 0.5), t2 = 0.6 ms
+    cal = _cal({"all_gather": {1024: 0.3}, "reduce_scatter": {1024: 0.5}, "all_reduce": {1024: 0.6}})
+    assert fit_small_collective_bands(cal, 2, 4096, "nccl") == (pytest.approx((1024, 400, 200)),)
+    # 4 ranks (3 and 6 steps): step = (1.6 - 1.0) / 3 = 0.2 ms, call = 1.0 - 2 x 0.2 = 0.6 ms
+    cal = _cal({"all_gather": {1024: 1.0}, "all_reduce": {1024: 1.6}}, n=4)
+    assert fit_small_collective_bands(cal, 4, 4096) == (pytest.approx((1024, 600, 200)),)
+    # a negative call (1.0 - 2 x 0.4667 < 0 for t1 = 0.2): call 0, step (2 x 0.2 + 5 x 1.6) / (4 + 25) ms
+    cal = _cal({"all_gather": {1024: 0.2}, "all_reduce": {1024: 1.6}}, n=4)
+    assert fit_small_collective_bands(cal, 4, 4096) == (pytest.approx((1024, 0, 8400 / 29)),)
+    # sizes above max_bytes, or without both step counts, give no band; nothing measured, no bands
+    cal = _cal({"all_gather": {1024: 0.3, 4096: 0.3, 1 << 20: 10}, "all_reduce": {1024: 0.5, 1 << 20: 20}})
+    assert [b[0] for b in fit_small_collective_bands(cal, 2, 65536)] == [1024]
+    assert fit_small_collective_bands(Calibration(), 2, 65536) == ()
+
+
+@pytest.mark.parametrize("kwargs, word", [(dict(group_size=1), "group_size"), (dict(max_bytes=0), "max_bytes"),
+                                          (dict(collective_library="mpi"), "collective_library")])
+def test_fit_bad_arguments(kwargs, word):
+    args = {**dict(calibration=Calibration(), group_size=2, max_bytes=4096), **kwargs}
+    with pytest.raises(ValueError, match=word):
+        fit_small_collective_bands(**args)
