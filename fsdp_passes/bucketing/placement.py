@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import torch.fx as fx
 
-from ..dag.graph import CollectiveOp, Dag
+from ..dag.collectives import KINDS
+from ..dag.graph import Dag
 
 #: a run of reductions is moved only with at most this many nodes (the reductions, waits, casts, views)
 MAX_MOVED = 64
 
-_REDUCTIONS = (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+
+def _reduces(node) -> bool:
+    return node.collective is not None and KINDS[node.collective].reduces
 
 
 def _users_before(starts: list[fx.Node], stop: fx.Node, position: dict[fx.Node, int]) -> list[fx.Node] | None:
@@ -66,10 +69,10 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
     for seq in dag.group_sequences().values():
         for k in range(1, len(seq)):
             gather = dag.nodes[seq[k]]
-            if gather.collective is not CollectiveOp.ALL_GATHER or not gather.fsdp:
+            if gather.collective is None or not KINDS[gather.collective].gathers or not gather.fsdp:
                 continue
             first = k
-            while first > 0 and dag.nodes[seq[first - 1]].collective in _REDUCTIONS:
+            while first > 0 and _reduces(dag.nodes[seq[first - 1]]):
                 first -= 1
             if first == k:
                 continue

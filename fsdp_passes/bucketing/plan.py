@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag, DagNode, NodeKind
 
 #: Collective kinds the rewrite knows how to merge.
-BUCKETABLE_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+BUCKETABLE_OPS = tuple(op for op, kind in KINDS.items() if kind.bucketable)
 
 #: Why a bucket stopped growing.
 CLOSE_REASONS = (
@@ -28,13 +29,6 @@ CLOSE_REASONS = (
     "cycle",       # split because buckets together would form a dependency cycle
     "end",         # no more collectives of this kind
 )
-
-# fully qualified ops the rewrite emits for each kind (checked against the FX node's target)
-_FUNCTIONAL_NAMES = {
-    CollectiveOp.ALL_GATHER: "_c10d_functional.all_gather_into_tensor.default",
-    CollectiveOp.REDUCE_SCATTER: "_c10d_functional.reduce_scatter_tensor.default",
-    CollectiveOp.ALL_REDUCE: "_c10d_functional.all_reduce.default",
-}
 
 
 @dataclass
@@ -123,7 +117,7 @@ def bucketability(dag: Dag, i: int, *, bucket_non_fsdp: bool = False) -> str | N
         return f"{node.collective.value if node.collective else 'unknown'} collectives are not bucketed"
     if not node.fsdp and not bucket_non_fsdp:
         return "not an FSDP parameter gather / gradient reduction (set bucket_non_fsdp=True to include it)"
-    if node.collective is not CollectiveOp.ALL_REDUCE and (not node.group_size or node.group_size < 1):
+    if "group_size" in KINDS[node.collective].args and (not node.group_size or node.group_size < 1):
         return "unknown process-group size"  # all-gather / reduce-scatter carry it in their arguments
     nodes = dag.nodes
     wait = NodeKind.WAIT
@@ -185,8 +179,9 @@ def _fx_bucketability(fx_node: Any, node: DagNode) -> str | None:
 
     from ..dag.from_fx import op_name
 
-    if op_name(fx_node) != _FUNCTIONAL_NAMES[node.collective]:
-        return f"op {op_name(fx_node)} is not the functional {_FUNCTIONAL_NAMES[node.collective]}"
+    kind = KINDS[node.collective]
+    if op_name(fx_node) != kind.bucket_op:
+        return f"op {op_name(fx_node)} is not the functional {kind.bucket_op}"
     users = list(fx_node.users)
     if len(users) != 1 or "wait_tensor" not in op_name(users[0]):
         return "its result is used by something other than one wait_tensor"
@@ -200,9 +195,9 @@ def _fx_bucketability(fx_node: Any, node: DagNode) -> str | None:
         return "symbolic shape"
     if val.dtype != out.dtype:
         return "input and output dtypes differ"
-    if node.collective is CollectiveOp.REDUCE_SCATTER and (val.dim() == 0 or val.shape[0] % node.group_size):
+    if kind.scatters and (val.dim() == 0 or val.shape[0] % node.group_size):
         return f"input dim 0 is not divisible by the group size {node.group_size}"
-    if node.collective is CollectiveOp.ALL_GATHER and val.dim() == 0:
+    if kind.gathers and val.dim() == 0:
         return "0-d input"
     return None
 
@@ -395,7 +390,7 @@ def extra_bytes_of(op: CollectiveOp | None, total: int, smallest: int, group_siz
     """``extra_bytes_bound`` of two or more members from their summed and smallest payloads (for a planner
     that grows a bucket one member at a time and keeps both running)."""
     held = total - smallest
-    if op is CollectiveOp.ALL_GATHER:
+    if op is not None and KINDS[op].gathers:
         return held + total + total // max(group_size, 1)
     return held + total
 
@@ -406,7 +401,8 @@ def kept_bytes_bound(dag: Dag, members: Sequence[int]) -> int:
     for the backward).  Unbucketed, the output is the gathered buffer itself; bucketed, it is a copy out of
     the merged buffer, and Inductor may materialise a second one for a view of it that is also an output.
     Unlike ``extra_bytes_bound``, these add up over buckets."""
-    if len(members) < 2 or dag.nodes[members[0]].collective is not CollectiveOp.ALL_GATHER:
+    first = dag.nodes[members[0]].collective if members else None
+    if len(members) < 2 or first is None or not KINDS[first].gathers:
         return 0
     return sum(dag.nodes[m].comm_bytes for m in members if dag.nodes[m].is_output)
 

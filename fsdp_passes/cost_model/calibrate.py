@@ -10,12 +10,14 @@ import statistics
 import time
 from typing import Any, Callable, Optional, Sequence
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
 
 __all__ = ["DEFAULT_OPS", "DEFAULT_SIZES", "calibrate", "float_dtype"]
 
-DEFAULT_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+#: the kinds calibration can time (those with an eager call)
+DEFAULT_OPS = tuple(op for op, kind in KINDS.items() if kind.eager)
 # 64 KiB .. 256 MiB, every 4x: covers per-layer FSDP payloads
 DEFAULT_SIZES = tuple(1 << k for k in range(16, 29, 2))
 
@@ -67,10 +69,6 @@ def calibrate(
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     itemsize = torch.empty((), dtype=dt).element_size()
 
-    # the *_single names replace the *_tensor ones (deprecated) in recent torch releases
-    _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
     def sync() -> None:
         if use_cuda:
             torch.cuda.synchronize(device)
@@ -81,19 +79,7 @@ def calibrate(
         for size in sizes:
             per_rank = max(1, size // (itemsize * n))
             full = per_rank * n
-            if op is CollectiveOp.ALL_GATHER:
-                inp = torch.ones(per_rank, dtype=dt, device=device)
-                out = torch.empty(full, dtype=dt, device=device)
-                fn = lambda: _all_gather(out, inp, group=group)  # noqa: E731
-            elif op is CollectiveOp.REDUCE_SCATTER:
-                inp = torch.ones(full, dtype=dt, device=device)
-                out = torch.empty(per_rank, dtype=dt, device=device)
-                fn = lambda: _reduce_scatter(out, inp, group=group)  # noqa: E731
-            elif op is CollectiveOp.ALL_REDUCE:
-                buf = torch.ones(full, dtype=dt, device=device)
-                fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
-            else:
-                raise ValueError(f"ops: {op!r} cannot be calibrated, expected all_gather, reduce_scatter or all_reduce")
+            fn = _timed_call(KINDS[op], full, n, group, dtype=dt, device=device)
             for _ in range(warmup):
                 fn()
             sync()
@@ -134,3 +120,22 @@ def calibrate(
     for (op, nbytes, _), ms in zip(measured, agreed.tolist()):
         cal.add_collective(op, n, nbytes, max(ms, 1e-6))
     return cal
+
+
+def _timed_call(kind: Any, full: int, n: int, group: Any, **like: Any) -> Callable[[], Any]:
+    """One call of ``kind``'s eager collective on a payload of ``full`` elements over ``n`` ranks: its input
+    filled with ones, its output (where not as large as the input: then it works in place) empty; ``like``:
+    the tensors' dtype and device."""
+    import torch
+    import torch.distributed as dist
+
+    # the *_single names replace the *_tensor ones (deprecated) in recent torch releases: the first present
+    call = next((getattr(dist, name) for name in kind.eager if hasattr(dist, name)), None)
+    if call is None:
+        allowed = ", ".join(op.value for op in DEFAULT_OPS)
+        raise ValueError(f"ops: {kind.op!r} cannot be calibrated, expected {allowed}")
+    inp = torch.ones(kind.input_numel(full, n), **like)
+    if not (kind.gathers or kind.scatters):
+        return lambda: call(inp, group=group)
+    out = torch.empty(kind.output_numel(inp.numel(), n), **like)
+    return lambda: call(out, inp, group=group)

@@ -54,8 +54,9 @@ import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp
 from .profiles import ClusterProfile
 
@@ -191,7 +192,7 @@ def _protocols(profile: ClusterProfile, topo: GroupTopology, busbw: float) -> li
 GLOO_UNBLOCKED_BYTES = 256 * 1024
 
 
-_BAND_OPS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
+_BAND_OPS = tuple(op for op, kind in KINDS.items() if "ring" in kind.algorithms and kind.ring_passes is not None)
 
 
 def _band(bands: tuple[tuple[int, float, float], ...], nbytes: float) -> tuple[int, float, float] | None:
@@ -219,20 +220,20 @@ def estimate_collective(
     ranks = _check_group(group_size, group_ranks)
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)) or not math.isfinite(nbytes) or nbytes < 0:
         raise ValueError(f"nbytes={nbytes!r} is not valid: expected a non-negative number of bytes")
+    kind = KINDS[op]
     n = group_size
-    if n == 1 or (nbytes == 0 and op is not CollectiveOp.OTHER):
+    if n == 1 or (nbytes == 0 and not kind.priced_without_payload):
         return CollectiveEstimate(0.0, "none", "none", 0.0, 0.0)
     topo = _topology(profile, n, ranks)
     busbw = bus_bandwidth_gbps(profile, topo)
-    frac = (n - 1) / n
     gloo = profile.collective_library == "gloo"
-    if gloo and op is CollectiveOp.REDUCE_SCATTER:
-        op = CollectiveOp.ALL_REDUCE
+    if gloo and kind.gloo_priced_as is not None:
+        kind = KINDS[kind.gloo_priced_as]
     floor_ms = profile.collective_floor_us / 1e3
-    if profile.small_collective_bands and op in _BAND_OPS:
+    if profile.small_collective_bands and kind.op in _BAND_OPS:
         band = _band(profile.small_collective_bands, nbytes)
         if band is not None:  # a measured price, transfer included (module docstring)
-            steps = (2 if op is CollectiveOp.ALL_REDUCE else 1) * (n - 1)
+            steps = kind.ring_steps(n - 1)
             lat = band[1] + (steps - 1) * band[2]
             return CollectiveEstimate(max(lat / 1e3, floor_ms), "ring", "band", lat, busbw)
     inter_floor = profile.inter_node_latency_floor_us if topo.nodes > 1 else 0.0
@@ -244,26 +245,25 @@ def estimate_collective(
     for proto, bw in _protocols(profile, topo, busbw):
         bw_scale = bw / busbw
         ring_base, tree_base, h_intra, h_inter = _latencies(profile, proto)
-        if op in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE, CollectiveOp.OTHER):
-            passes = 2 if op is CollectiveOp.ALL_REDUCE else 1
-            steps = passes * (n - 1)
-            inter_steps = passes * (topo.nodes - 1)
+        if "ring" in kind.algorithms:
+            steps = kind.ring_steps(n - 1)
+            inter_steps = kind.ring_steps(topo.nodes - 1)
             ring_intra = h_intra
             if topo.nodes > 1:
                 # NCCL: a ring spanning nodes posts network work at every step (Simple: 3 posts)
                 ring_intra = max(h_intra, profile.net_overhead_us * (3 if proto == "simple" else 1))
             lat = lat_floor(ring_base + (steps - inter_steps) * ring_intra + inter_steps * h_inter)
-            wire = nbytes if op is CollectiveOp.OTHER else passes * nbytes * frac
-            if gloo and op is CollectiveOp.ALL_GATHER:  # one half-shard chunk starts late (module docstring)
+            wire = kind.ring_wire_bytes(nbytes, n)
+            if gloo and kind.gathers:  # one half-shard chunk starts late (module docstring)
                 wire += max(0.0, nbytes / n / 2 - GLOO_UNBLOCKED_BYTES)
             candidates.append(CollectiveEstimate(_ms(lat, wire, bw), "ring", proto, lat, bw))
-        if op is CollectiveOp.ALL_REDUCE and not gloo:
+        if "tree" in kind.algorithms and not gloo:
             depth_intra = topo.max_ranks_per_node - 1
             depth_inter = math.ceil(math.log2(topo.nodes)) if topo.nodes > 1 else 0
             lat = lat_floor(tree_base + 2 * (depth_intra * h_intra + depth_inter * h_inter))
             tbw = bw * profile.tree_bandwidth_fraction
             candidates.append(CollectiveEstimate(_ms(lat, 2 * nbytes, tbw), "tree", proto, lat, tbw))
-        if op is CollectiveOp.ALL_TO_ALL:
+        if "pairwise" in kind.algorithms:
             k = topo.max_ranks_per_node
             lat = lat_floor(ring_base + (h_intra if k > 1 else 0.0) + (h_inter if topo.nodes > 1 else 0.0))
             t_intra = nbytes * (k - 1) / n / (profile.intra_node_bw_gbps * bw_scale * 1e6)
@@ -279,12 +279,6 @@ def estimate_collective(
     return best
 
 
-def collective_ms(
-    op: Union[CollectiveOp, str],
-    nbytes: int,
-    group_size: int,
-    profile: ClusterProfile,
-    group_ranks: Sequence[int] | None = None,
-) -> float:
-    """Milliseconds for one collective (``estimate_collective(...).ms``)."""
-    return estimate_collective(op, nbytes, group_size, profile, group_ranks).ms
+def collective_ms(*args: Any, **kwargs: Any) -> float:
+    """Milliseconds for one collective: ``estimate_collective(...).ms``, with the same arguments."""
+    return estimate_collective(*args, **kwargs).ms

@@ -31,6 +31,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Union
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration, read_json_file
 
@@ -40,21 +41,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 _COMPILED_CALL = "## Call CompiledFxGraph"
 _GENERATED = re.compile(r"^(?:graph_\d+_)?(?:cpp|triton(?:_[a-z]+)?)_(fused(?:_\w*?)?)_\d+$")
-_ISSUE_OPS = {
-    "_c10d_functional::all_gather_into_tensor": CollectiveOp.ALL_GATHER,
-    "_c10d_functional::all_gather_into_tensor_out": CollectiveOp.ALL_GATHER,
-    "_c10d_functional::reduce_scatter_tensor": CollectiveOp.REDUCE_SCATTER,
-    "_c10d_functional::all_reduce": CollectiveOp.ALL_REDUCE,
-    "_c10d_functional::all_reduce_": CollectiveOp.ALL_REDUCE,
-    "_c10d_functional::all_to_all_single": CollectiveOp.ALL_TO_ALL,
-}
-# where the group size sits among each issuing op's arguments (all_reduce has none: the world size is used)
-_GROUP_SIZE_ARG = {CollectiveOp.ALL_GATHER: 1, CollectiveOp.REDUCE_SCATTER: 2}
-_NCCL_OPS = {"allgather": CollectiveOp.ALL_GATHER, "reducescatter": CollectiveOp.REDUCE_SCATTER,
-             "allreduce": CollectiveOp.ALL_REDUCE, "alltoall": CollectiveOp.ALL_TO_ALL,
-             "sendrecv": CollectiveOp.ALL_TO_ALL}
-_GLOO_OPS = {"gloo:all_gather": CollectiveOp.ALL_GATHER, "gloo:all_reduce": CollectiveOp.ALL_REDUCE,
-             "gloo:reduce_scatter": CollectiveOp.REDUCE_SCATTER, "gloo:all_to_all": CollectiveOp.ALL_TO_ALL}
+# the issuing ops of one tensor (not the coalesced ones, whose first input is one of several)
+_ISSUE_OPS = {f"_c10d_functional::{name}": kind.op for kind in KINDS.values() if kind.op is not CollectiveOp.OTHER
+              for name in kind.ops if "coalesced" not in name}
+# where the group size sits among each issuing op's arguments, after its input (all_reduce has none: the world
+# size is used)
+_GROUP_SIZE_ARG = {kind.op: 1 + kind.args.index("group_size") for kind in KINDS.values() if "group_size" in kind.args}
+_NCCL_OPS = {name: kind.op for kind in KINDS.values() for name in kind.nccl_names}
+_GLOO_OPS = {kind.gloo_name: kind.op for kind in KINDS.values() if kind.gloo_name}
 # c10 scalar type names as the profiler prints them -> torch dtype names (and their sizes)
 _DTYPES = {"float": ("float32", 4), "double": ("float64", 8), "c10::BFloat16": ("bfloat16", 2),
            "c10::Half": ("float16", 2), "long int": ("int64", 8), "int": ("int32", 4),
@@ -126,10 +120,8 @@ def _issue_info(event: Mapping[str, Any], op: CollectiveOp, world: int | None) -
             pass
     if numel is None or dtype is None or not group:
         return None
-    nbytes = numel * dtype[1]
-    if op is CollectiveOp.ALL_GATHER:
-        nbytes *= group  # the input is one rank's shard; the cost model counts the gathered output
-    return nbytes, group
+    kind, itemsize = KINDS[op], dtype[1]  # the input is one rank's shard of an all-gather: its payload is the output
+    return kind.comm_bytes(numel * itemsize, kind.output_numel(numel, group) * itemsize), group
 
 
 def _nccl_info(event: Mapping[str, Any]) -> tuple[CollectiveOp, int, int] | None:

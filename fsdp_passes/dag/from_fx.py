@@ -10,8 +10,9 @@ from typing import Any, Iterable
 import torch
 import torch.fx as fx
 
+from .collectives import KINDS
 from .flops import aten_flops, has_flop_formula
-from .graph import CollectiveOp, Dag, DagNode, NodeKind
+from .graph import Dag, DagNode, NodeKind
 from .ops import FLOAT8_SCALING_OPS, PASS_THROUGH_OPS, as_int, classify, fill_collective, mark_fsdp, op_base_name
 
 
@@ -236,7 +237,7 @@ def dag_from_fx(graph: fx.Graph | fx.GraphModule) -> Dag:
         if kind is NodeKind.COLLECTIVE:
             const_args = [a for a in fx_node.args[1:] if not isinstance(a, fx.Node)]
             fill_collective(node, collective, const_args, in_bytes, out_bytes)
-            if collective is CollectiveOp.ALL_GATHER:
+            if KINDS[collective].gathers:
                 node.param_fqn = _gathered_placeholder(fx_node)
         elif kind is NodeKind.WAIT:
             producer = inputs[0] if inputs else None

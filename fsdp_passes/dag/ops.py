@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Sequence
 
+from .collectives import KINDS
 from .graph import CollectiveOp, Dag, DagNode, NodeKind
 
 #: Ops that only change the dtype or the view of a tensor (or concatenate pieces of it): an all-gather fed
@@ -27,27 +28,8 @@ PASS_THROUGH_OPS = frozenset({
 FLOAT8_SCALING_OPS = frozenset({"abs", "amax", "mul", "div", "reciprocal", "clamp", "clamp_min", "clamp_max"})
 
 # Functional collectives as they appear in post-grad graphs (torch.ops._c10d_functional.*) and in
-# Inductor's collective kernels (python_kernel_name / op_overload names).
-_COLLECTIVES: dict[str, CollectiveOp] = {
-    "all_gather_into_tensor": CollectiveOp.ALL_GATHER,
-    "all_gather_into_tensor_out": CollectiveOp.ALL_GATHER,
-    "all_gather_into_tensor_coalesced": CollectiveOp.ALL_GATHER,
-    "reduce_scatter_tensor": CollectiveOp.REDUCE_SCATTER,
-    "reduce_scatter_tensor_out": CollectiveOp.REDUCE_SCATTER,
-    "reduce_scatter_tensor_coalesced": CollectiveOp.REDUCE_SCATTER,
-    "all_reduce": CollectiveOp.ALL_REDUCE,
-    "all_reduce_": CollectiveOp.ALL_REDUCE,
-    "all_reduce_coalesced": CollectiveOp.ALL_REDUCE,
-    "all_reduce_coalesced_": CollectiveOp.ALL_REDUCE,
-    "all_to_all_single": CollectiveOp.ALL_TO_ALL,
-    "broadcast": CollectiveOp.OTHER,
-    "broadcast_": CollectiveOp.OTHER,
-    "isend": CollectiveOp.OTHER,
-    "irecv": CollectiveOp.OTHER,
-    "send": CollectiveOp.OTHER,
-    "recv": CollectiveOp.OTHER,
-    "barrier": CollectiveOp.OTHER,
-}
+# Inductor's collective kernels (python_kernel_name / op_overload names): each kind's ``ops``.
+_COLLECTIVES: dict[str, CollectiveOp] = {name: kind.op for kind in KINDS.values() for name in kind.ops}
 _WAITS = {"wait_tensor"}
 _NAMESPACES = ("_c10d_functional", "c10d_functional", "_c10d_functional_autograd", "_dtensor")
 
@@ -115,25 +97,24 @@ def as_int(value: Any) -> int:
 
 def fill_collective(node: DagNode, op: CollectiveOp, const_args: Sequence[Any], in_bytes: int, out_bytes: int) -> None:
     """Group, reduce op and payload of a functional collective from its non-tensor arguments in schema
-    order (all_gather: group_size, group_name; reduce_scatter: reduce_op, group_size, group_name;
-    all_reduce: reduce_op, group_name; others: group_name last)."""
+    order (the kind's ``args``: all_gather: group_size, group_name; reduce_scatter: reduce_op, group_size,
+    group_name; all_reduce: reduce_op, group_name; others: group_name last)."""
+    kind = KINDS[op]
     args = list(const_args)
     group_name: Any = None
     group_size: Any = None
-    if op is CollectiveOp.ALL_GATHER and len(args) >= 2:
-        group_size, group_name = args[0], args[1]
-    elif op is CollectiveOp.REDUCE_SCATTER and len(args) >= 3:
-        node.reduce_op, group_size, group_name = str(args[0]), args[1], args[2]
-    elif op is CollectiveOp.ALL_REDUCE and len(args) >= 2:
-        node.reduce_op, group_name = str(args[0]), args[1]
+    if kind.args and len(args) >= len(kind.args):
+        named = dict(zip(kind.args, args))
+        group_size, group_name = named.get("group_size"), named["group_name"]
+        if "reduce_op" in named:
+            node.reduce_op = str(named["reduce_op"])
     elif args and isinstance(args[-1], str):
         group_name = args[-1]
     node.group_name = str(group_name) if group_name is not None else "?"
     size, ranks = group_facts(node.group_name)
     node.group_size = int(group_size) if isinstance(group_size, int) else size
     node.group_ranks = ranks if ranks is not None and len(ranks) == node.group_size else None
-    # NCCL's convention: an all-gather moves its gathered output, the others their full input
-    node.comm_bytes = out_bytes if op is CollectiveOp.ALL_GATHER else in_bytes
+    node.comm_bytes = kind.comm_bytes(in_bytes, out_bytes)
 
 
 def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool] | None = None,

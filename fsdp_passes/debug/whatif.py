@@ -23,7 +23,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..dag.graph import CollectiveOp, Dag
+from ..dag.collectives import KINDS
+from ..dag.graph import Dag
 
 FIXED = ("model", "shard")
 
@@ -49,21 +50,14 @@ def scale_world_size(dag: Dag, world_size: int, fixed: str = "model") -> Dag:
                 continue
             node.group_size = world_size
             node.group_ranks = tuple(range(world_size))
-            if node.collective not in (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER):
-                continue
+            kind = KINDS.get(node.collective)
+            if kind is None or kind.shard_field is None:
+                continue  # both sides full size (all-reduce, all-to-all): per-rank buffers, unchanged
             if fixed == "model":
-                full = node.comm_bytes
-                shard = full // world_size
-                if node.collective is CollectiveOp.ALL_GATHER:
-                    node.in_bytes = shard
-                else:
-                    node.out_bytes = shard
+                setattr(node, kind.shard_field, node.comm_bytes // world_size)
             else:
                 node.comm_bytes = node.comm_bytes * world_size // old
-                if node.collective is CollectiveOp.ALL_GATHER:
-                    node.out_bytes = node.out_bytes * world_size // old
-                else:
-                    node.in_bytes = node.in_bytes * world_size // old
+                setattr(node, kind.full_field, getattr(node, kind.full_field) * world_size // old)
     return Dag(nodes, list(dag.edges()), dag.resident_bytes)
 
 

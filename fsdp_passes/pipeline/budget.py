@@ -21,8 +21,8 @@ from typing import Mapping
 
 from ..bucketing.blocks import merged_block_buckets
 from ..bucketing.manual import describe_entries
-from ..bucketing.plan import (Bucket, BucketPlanResult, CollectiveSurvey, cut_to_bound, fsdp_payload_bytes,
-                              make_bucket, surveyed)
+from ..bucketing.plan import (BUCKETABLE_OPS, Bucket, BucketPlanResult, CollectiveSurvey, cut_to_bound,
+                              fsdp_payload_bytes, make_bucket, surveyed)
 from ..dag.graph import CollectiveOp, Dag
 from ..options import Options
 
@@ -31,8 +31,6 @@ __all__ = ["BucketOverBudget", "MemoryBudget", "block_claim", "fit_to_budget", "
 
 # the unit of a block-counted budget where a graph has no blocks, as a fraction of its FSDP payload
 _NO_BLOCK_FRACTION = 0.05
-
-_BUCKETED_KINDS = (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
 
 
 def memory_claim(buckets: list[Bucket], moved_reduction_bytes: int = 0) -> int:
@@ -95,7 +93,7 @@ def graph_memory_budget(dag: Dag, options: Options, *, param_fqns: Mapping[str, 
     if unit == 0:
         unit = int(_NO_BLOCK_FRACTION * payload)
     total = options.memory_budget_bytes(payload, unit)
-    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in _BUCKETED_KINDS}
+    kinds = {n.collective for n in dag.nodes if n.fsdp and n.collective in BUCKETABLE_OPS}
     weights = {k: per_kind.get(k, 0) for k in kinds}
     if not all(weights.values()):
         weights = {k: 1 for k in kinds}

@@ -67,6 +67,7 @@ from typing import Any, Mapping
 
 from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult, CollectiveSurvey
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag
 from ..dag.fusion import copy_fuses_with_producer
 from ..simulate import slowed_end
@@ -83,8 +84,6 @@ _TIE_MS = 1e-6
 #: makespans are 1-5 % off the final schedule's), and every collective more costs an issue and a latency floor
 #: for certain
 SCORE_RESOLUTION = 0.02
-
-_REDUCTIONS = (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)
 
 # bytes: a message large enough to run at the link's full bandwidth (for the compute model of score_plan)
 _LARGE = 1 << 30
@@ -250,7 +249,7 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     owner: dict[int, int] = {}
     for k, (members, op) in enumerate(units):
         first = dag.nodes[members[0]]
-        is_gather = op is not None and op not in _REDUCTIONS
+        is_gather = op is not None and not KINDS[op].reduces
         total = sum(dag.nodes[m].comm_bytes for m in members)
         stream_of.append((first.group_name or "?", is_gather))
         comm_ms.append(cost(op, total, first))

@@ -10,6 +10,7 @@ import operator
 from itertools import accumulate, chain
 from typing import Sequence
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag, NodeKind
 from ..simulate.memory import wait_collectives
 from ..simulate.timeline import check_durations, group_key
@@ -36,8 +37,8 @@ class Structure:
     DAG's own lists where nothing is added: read only).
     group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
     collective in its group's sequence.
-    fsdp / fence: FSDP-like collectives (may be prefetched) and ``CollectiveOp.OTHER`` ones (never moved, no
-    collective is moved across them).
+    fsdp / fence: FSDP-like collectives (may be prefetched) and those of a kind not ``movable``
+    (``CollectiveOp.OTHER``: never moved, no collective is moved across them).
     computes / collectives / fences: ids of each class, ascending.
     region_start: for a compute node f, one past the previous compute node (the baseline positions that lie
     between two compute nodes belong to the later one's region).
@@ -93,7 +94,7 @@ class Structure:
             s = self.seq.setdefault(g, [])
             self.seq_pos[i] = len(s)
             s.append(i)
-            if node.collective is CollectiveOp.OTHER:
+            if node.collective is not None and not KINDS[node.collective].movable:
                 self.fence[i] = 1
             elif node.fsdp:
                 self.fsdp[i] = 1

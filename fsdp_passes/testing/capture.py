@@ -22,40 +22,27 @@ def _plugin(options: Optional[Mapping[str, Any]]) -> Any:
     return enabled(**dict(options))
 
 
-def capture_fx_graphs(
-    fn: Callable[..., Any],
-    *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
-    backward: Optional[bool] = None,
-    fullgraph: bool = True,
-    reset_dynamo: bool = True,
-    **kwargs: Any,
-) -> CapturedGraphs:
+def capture_fx_graphs(fn: Callable[..., Any], *args: Any, options: Optional[Mapping[str, Any]] = None,
+                      **kwargs: Any) -> CapturedGraphs:
     """Compile ``fn(*args, **kwargs)`` with Inductor and return its post-grad FX graphs.
 
     ``.forward`` / ``.backward`` are copies of the graphs as a ``post_grad_custom_post_pass`` receives
     them; ``.forward_after`` / ``.backward_after`` after the installed ``post_grad_custom_post_pass`` ran.
     The compile stops there (no code generation), so a capture takes about a second on small models.
 
-    options: if given, run under ``fsdp_passes.enabled(**options)``.
-    backward: call ``sum(outputs).backward()`` to reach the backward graph (None: if an output requires grad).
-    fullgraph: compile with ``fullgraph=True`` (a graph break raises).
-    reset_dynamo: ``torch._dynamo.reset()`` before compiling, so ``fn`` is traced afresh.
+    options: if given, run under ``fsdp_passes.enabled(**options)``.  The keywords below go on to
+    :func:`fsdp_passes.inductor.capture.capture_fx_graphs` (defaults there), every other one to ``fn``:
+    backward: call ``sum(outputs).backward()`` to reach the backward graph (None, the default: if an output
+    requires grad).
+    fullgraph: compile with ``fullgraph=True`` (the default; a graph break raises).
+    reset_dynamo: ``torch._dynamo.reset()`` before compiling (the default), so ``fn`` is traced afresh.
     """
     with _plugin(options):
-        return _impl.capture_fx_graphs(fn, *args, backward=backward, fullgraph=fullgraph,
-                                       reset_dynamo=reset_dynamo, **kwargs)
+        return _impl.capture_fx_graphs(fn, *args, **kwargs)
 
 
-def capture_scheduler_nodes(
-    fn: Callable[..., Any],
-    *args: Any,
-    options: Optional[Mapping[str, Any]] = None,
-    backward: Optional[bool] = None,
-    fullgraph: bool = True,
-    reset_dynamo: bool = True,
-    **kwargs: Any,
-) -> list[SchedulerCapture]:
+def capture_scheduler_nodes(fn: Callable[..., Any], *args: Any, options: Optional[Mapping[str, Any]] = None,
+                            **kwargs: Any) -> list[SchedulerCapture]:
     """Compile ``fn(*args, **kwargs)`` and return, per compiled graph, the scheduler nodes around the
     comm-overlap passes.
 
@@ -66,5 +53,4 @@ def capture_scheduler_nodes(
     stops there and the graphs run un-compiled.  Other arguments as :func:`capture_fx_graphs`.
     """
     with _plugin(options):
-        return _impl.capture_scheduler_nodes(fn, *args, backward=backward, fullgraph=fullgraph,
-                                             reset_dynamo=reset_dynamo, **kwargs)
+        return _impl.capture_scheduler_nodes(fn, *args, **kwargs)
