@@ -102,6 +102,9 @@ _SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_a
 #: ``values.make_loader()``, so the pointwise ops producing them are computed inside the scatter's kernel
 _INDEX_PUT_OPS = frozenset({"index_put", "index_put_", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate"})
 
+#: a merged all-gather's copy-out (``bucketing.rewrite.copy_out_members``): an extern kernel reading the wait
+_COPY_OUT_OPS = frozenset({("fsdp_passes", "copy_out_members")})
+
 _COMM, _EXTERN, _FUSABLE, _NOP = "comm", "extern", "fusable", "nop"
 
 
@@ -220,8 +223,14 @@ def _reduces_inner_dims(node: DagNode) -> bool:
     return norm == list(range(ndim - len(norm), ndim))
 
 
+#: ops that look their first input up by index: their loop runs over the indices (the output), not the table
+_LOOKUP_OPS = frozenset({"embedding", "index", "index_select", "gather"})
+
+
 def _loop_numel(node: DagNode) -> int:
-    sizes = [_val(node.origin)] + [_val(a) for a in node.origin.all_input_nodes]
+    inputs = node.origin.all_input_nodes
+    table = node.origin.args[0] if _base_op(node)[1] in _LOOKUP_OPS and node.origin.args else None
+    sizes = [_val(node.origin)] + [_val(a) for a in inputs if a is not table]
     try:
         return max((as_int(v.numel()) for v in sizes if isinstance(v, torch.Tensor)), default=0)
     except ValueError:
@@ -536,11 +545,17 @@ def predict_kernels(dag: Dag) -> Dag:
                 u.in_place_of = o
 
     # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
+    # an extern kernel that reads only barriers' outputs (a bucket's copy-out, which reads its wait) adds no
+    # depth: every path into it already crossed a barrier, so kernels on either side stay apart anyway, and
+    # Inductor fuses across it (a norm weight copied out is multiplied inside the kernel of the norm before it)
+    passes_depth = [u.kind is _EXTERN and bool(u.members) and bool(u.preds) and not u.after
+                    and _base_op(nodes[u.members[0]]) in _COPY_OUT_OPS
+                    and all(units[p].kind not in (_FUSABLE, _NOP) for p in u.preds) for u in units]
     depth = [0] * m
     for v in topo:
         d = 0
         for p in units[v].preds + units[v].after:
-            d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE else 1))
+            d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE or passes_depth[p] else 1))
         depth[v] = d
     groups = _Groups(m)
     # a pointwise op read by exactly one fusable unit is computed inside it (whatever its depth)
