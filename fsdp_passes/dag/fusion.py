@@ -8,9 +8,9 @@ DAG of the same graph gets after Inductor's fusion:
 
 - views (``view``, ``reshape`` of a viewable layout, ``permute``, ``expand``, ``slice``, ``getitem``,
   ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
-  whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
-  rank-major gathered buffer is one per member);
-- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters stay one kernel
+  whose input layout cannot be viewed in the new shape is a copy kernel;
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims: a bucket's copy-out
+  ``fsdp_passes.copy_out_members``) and scatters stay one kernel
   each, as do collectives and waits; a fallback kernel returning several results (an attention backward)
   writes each as its own buffer, the ones read.  An index put that Inductor lowers to its ``Scatter`` (an
   embedding's gradient accumulation) is a fused kernel: its values and mask are computed inside it and it
@@ -18,7 +18,8 @@ DAG of the same graph gets after Inductor's fusion:
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
-  longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
+  longest path from the graph's start, which also keeps the contracted graph acyclic; a copy-out reading
+  only its wait adds none, as every path through it crossed the wait), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU, with the
   pointwise ops computed inside it), from a realised pointwise op into a consumer looping over more
   elements (a returned norm weight read broadcast over the rows) and from a reduction into a consumer whose
