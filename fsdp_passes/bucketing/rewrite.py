@@ -3,9 +3,10 @@
 Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
     flat  = cat([reshape(s_i, [-1]) ...])                 # one copy-in; casts feeding s_i fuse into it
-    out   = wait_tensor(all_gather_into_tensor(flat, n, group))
-    full  = view(out, [n, total])                          # row r = rank r's flat input
-    p_i   = reshape(split_with_sizes(full, numels, 1)[i], full_shape_i)   # rank-major, like dim-0 gathering
+    out   = wait_tensor(all_gather_into_tensor(flat, n, group))   # row r of [n, total]: rank r's flat input
+    mm    = copy_out_members(out, numels)                  # one extern op: member i's [n, numel_i] columns
+                                                           # copied out, member after member
+    p_i   = view(split_with_sizes(mm, n * numels)[i], full_shape_i)   # rank-major, like dim-0 gathering
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
@@ -435,6 +436,37 @@ class _Emitter:
         made.append(node)
 
 
+@torch.library.custom_op("fsdp_passes::copy_out_members_into", mutates_args=("out",))
+def copy_out_members_into(gathered: torch.Tensor, numels: Sequence[int], out: torch.Tensor) -> None:
+    """``out`` (flat, ``gathered.numel()`` elements) := ``copy_out_members(gathered, numels)``."""
+    n = gathered.numel() // sum(numels)
+    blocks = out.split([n * k for k in numels])
+    torch.split_with_sizes_copy(gathered.view(n, -1), list(numels), dim=1,
+                                out=[b.view(n, k) for b, k in zip(blocks, numels)])
+
+
+@torch.library.custom_op("fsdp_passes::copy_out_members", mutates_args=())
+def copy_out_members(gathered: torch.Tensor, numels: Sequence[int]) -> torch.Tensor:
+    """A merged all-gather's output reordered member-major: member i's gathered tensor (rank-major, as its own
+    dim-0 all-gather returns it) is the i-th of consecutive blocks of ``n * numels[i]`` elements.
+
+    ``gathered`` is ``n`` rows of ``sum(numels)`` elements (row r: rank r's payload, the members' shards in
+    order), so member i is its ``[n, numels[i]]`` columns: not viewable as the member's shape, copied.  An op
+    of its own rather than a copying reshape per member: Inductor runs it as one extern kernel
+    (``split_with_sizes_copy``, a single kernel on CUDA; ``fsdp_passes.inductor`` lowers it to
+    ``copy_out_members_into`` writing a buffer Inductor allocates) and generates no code for it, where a copy
+    per member is a generated kernel each (on CPU a C++ library each, placed at each member's first use,
+    splitting the kernels around it so that they no longer repeat from one block to the next)."""
+    out = gathered.new_empty(gathered.numel())
+    copy_out_members_into(gathered, numels, out=out)
+    return out
+
+
+@copy_out_members.register_fake
+def _(gathered: torch.Tensor, numels: Sequence[int]) -> torch.Tensor:
+    return gathered.new_empty(gathered.numel())
+
+
 def _numel(n: fx.Node) -> int:
     return int(n.meta["val"].numel())
 
@@ -464,17 +496,16 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     coll = em.fresh(c10d.all_gather_into_tensor.default, (cat, group_size, group_name), [n * total], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
-    rows = em.call(aten.view.default, (wait, [n, total]), made, like)
-    parts = em.call(aten.split_with_sizes.default, (rows, sizes, 1), made, like)
-    outs = []
-    for i, (w, k) in enumerate(zip(waits, sizes)):
-        part = em.getitem(parts, i, made, w)
-        shape = list(w.meta["val"].shape)
-        if n > 1 and k != total:  # [n, k] columns of [n, total]: not viewable as the full shape, reshape copies
-            outs.append(em.fresh(aten.reshape.default, (part, shape), shape, v0, made, w, custom=True))
-        else:
-            outs.append(em.call(aten.reshape.default, (part, shape), made, w, custom=True))
-    return outs
+    if n > 1:
+        # member i is the [n, numel_i] columns of [n, total], not viewable as its full shape: one extern op
+        # copies every member out (see copy_out_members)
+        out = em.fresh(torch.ops.fsdp_passes.copy_out_members.default, (wait, sizes), [n * total], v0, made, like)
+    else:
+        out = wait
+    parts = em.call(aten.split_with_sizes.default, (out, [n * k for k in sizes]), made, like)
+    pieces = [em.getitem(parts, i, made, w) for i, w in enumerate(waits)]
+    return [em.call(aten.view.default, (p, list(w.meta["val"].shape)), made, w, custom=True)
+            for p, w in zip(pieces, waits)]
 
 
 def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
@@ -517,4 +548,4 @@ def _split_back(em: _Emitter, flat: fx.Node, sizes: list[int], waits, made, like
     return outs
 
 
-__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets"]
+__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "copy_out_members", "copy_out_members_into"]

@@ -8,9 +8,9 @@ DAG of the same graph gets after Inductor's fusion:
 
 - views (``view``, ``reshape`` of a viewable layout, ``permute``, ``expand``, ``slice``, ``getitem``,
   ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
-  whose input layout cannot be viewed in the new shape is a copy kernel (a bucket's copy-out of a
-  rank-major gathered buffer is one per member);
-- extern kernels (matmuls, convolutions, attention, ops outside aten/prims) and scatters stay one kernel
+  whose input layout cannot be viewed in the new shape is a copy kernel;
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims: a bucket's copy-out
+  ``fsdp_passes.copy_out_members``) and scatters stay one kernel
   each, as do collectives and waits; a fallback kernel returning several results (an attention backward)
   writes each as its own buffer, the ones read.  An index put that Inductor lowers to its ``Scatter`` (an
   embedding's gradient accumulation) is a fused kernel: its values and mask are computed inside it and it
@@ -18,7 +18,8 @@ DAG of the same graph gets after Inductor's fusion:
 - pointwise and reduction ops are grouped into fused kernels.  A pointwise op read by one kernel only is
   computed inside it (Inductor inlines it at lowering); producer and consumer ops are fused when no extern
   kernel, collective or wait lies on a path between any two members (the same number of those on every
-  longest path from the graph's start, which also keeps the contracted graph acyclic), except into a
+  longest path from the graph's start, which also keeps the contracted graph acyclic; a copy-out reading
+  only its wait adds none, as every path through it crossed the wait), except into a
   reduction over outer dimensions (a bias gradient summed over the batch: its own kernel on CPU, with the
   pointwise ops computed inside it), from a realised pointwise op into a consumer looping over more
   elements (a returned norm weight read broadcast over the rows) and from a reduction into a consumer whose
@@ -101,6 +102,9 @@ _SCATTER_OPS = frozenset({"index_put", "index_put_", "_unsafe_masked_index_put_a
 #: values (and the mask of ``_unsafe_masked_index_put_accumulate``, a ``where`` over them) are loaded through
 #: ``values.make_loader()``, so the pointwise ops producing them are computed inside the scatter's kernel
 _INDEX_PUT_OPS = frozenset({"index_put", "index_put_", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate"})
+
+#: a merged all-gather's copy-out (``bucketing.rewrite.copy_out_members``): an extern kernel reading the wait
+_COPY_OUT_OPS = frozenset({("fsdp_passes", "copy_out_members")})
 
 _COMM, _EXTERN, _FUSABLE, _NOP = "comm", "extern", "fusable", "nop"
 
@@ -220,8 +224,14 @@ def _reduces_inner_dims(node: DagNode) -> bool:
     return norm == list(range(ndim - len(norm), ndim))
 
 
+#: ops that look their first input up by index: their loop runs over the indices (the output), not the table
+_LOOKUP_OPS = frozenset({"embedding", "index", "index_select", "gather"})
+
+
 def _loop_numel(node: DagNode) -> int:
-    sizes = [_val(node.origin)] + [_val(a) for a in node.origin.all_input_nodes]
+    inputs = node.origin.all_input_nodes
+    table = node.origin.args[0] if _base_op(node)[1] in _LOOKUP_OPS and node.origin.args else None
+    sizes = [_val(node.origin)] + [_val(a) for a in inputs if a is not table]
     try:
         return max((as_int(v.numel()) for v in sizes if isinstance(v, torch.Tensor)), default=0)
     except ValueError:
@@ -536,11 +546,17 @@ def predict_kernels(dag: Dag) -> Dag:
                 u.in_place_of = o
 
     # -- 3. grouping: barrier depth (extern kernels, collectives, waits, concatenations on a longest path)
+    # an extern kernel that reads only barriers' outputs (a bucket's copy-out, which reads its wait) adds no
+    # depth: every path into it already crossed a barrier, so kernels on either side stay apart anyway, and
+    # Inductor fuses across it (a norm weight copied out is multiplied inside the kernel of the norm before it)
+    passes_depth = [u.kind is _EXTERN and bool(u.members) and bool(u.preds) and not u.after
+                    and _base_op(nodes[u.members[0]]) in _COPY_OUT_OPS
+                    and all(units[p].kind not in (_FUSABLE, _NOP) for p in u.preds) for u in units]
     depth = [0] * m
     for v in topo:
         d = 0
         for p in units[v].preds + units[v].after:
-            d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE else 1))
+            d = max(d, depth[p] + (0 if units[p].kind is _FUSABLE or passes_depth[p] else 1))
         depth[v] = d
     groups = _Groups(m)
     # a pointwise op read by exactly one fusable unit is computed inside it (whatever its depth)

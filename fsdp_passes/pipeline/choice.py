@@ -27,10 +27,10 @@ between two collectives is the larger of
   its reduction), the point where overlap is just possible;
 
 and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
-before the issue and each member copied out before its use; a reduction: each member copied in; the reduced
-shards are views).  A member whose input is computed for it alone by pointwise ops (a cast of the shard to
-``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own: Inductor computes that input
-straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
+before the issue and all members copied out by one kernel before the first use of any; a reduction: each
+member copied in; the reduced shards are views).  A member whose input is computed for it alone by pointwise
+ops (a cast of the shard to ``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own:
+Inductor computes that input straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
 ``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
@@ -244,7 +244,7 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
     stream_of: list[tuple[str, bool]] = []
     comm_ms: list[float] = []
     copy_in: list[float] = []  # on the compute stream before the issue
-    copy_out: dict[int, float] = {}  # per member, on the compute stream before its first use (gathers)
+    copy_out: list[float] = []  # on the compute stream before the first use of any member (gathers)
     unit_bytes: list[int] = []
     owner: dict[int, int] = {}
     for k, (members, op) in enumerate(units):
@@ -259,19 +259,20 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         # computed straight into the flat input: its copy-in is that kernel, which runs in every candidate
         own_copy = [m for m in members if not copy_fuses_with_producer(dag, m)] if merged else []
         if is_gather:
-            # a merged gather: each member's shard copied in, each member copied out of the merged buffer
+            # a merged gather: each member's shard copied in; every member copied out of the merged buffer
+            # by one kernel, before the first use of any of them
             copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in own_copy))
-            for m in members:
-                copy_out[m] = copy_ms(dag.nodes[m].comm_bytes) if merged else 0.0
+            copy_out.append(copy_ms(total) if merged else 0.0)
         else:
             # a merged reduction: each member copied into the flat input; the reduced shards are views of the
             # output (no kernel)
             copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in own_copy))
+            copy_out.append(0.0)
         unit_bytes.append(total)
         for m in members:
             owner[m] = k
 
-    score.copy_ms = sum(copy_in) + sum(copy_out.values())
+    score.copy_ms = sum(copy_in) + sum(copy_out)
 
     # compute standing in for the FLOPs the score may not read: a member's transfer at the link's full
     # bandwidth (the marginal cost per byte of a large message), after a gathered parameter's first use and
@@ -340,9 +341,9 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
                 clock.advance(clock.now, issue(k, clock.now))
             elif k not in used:
                 held -= unit_bytes[k]
-            used.add(k)
             ready = max(clock.now, done[k])  # the compute stream waits for the gathered bucket
-            clock.advance(ready, run(ready, copy_out[m]))
+            clock.advance(ready, run(ready, copy_out[k] if k not in used else 0.0))  # the first use copies out
+            used.add(k)
             if options.reorder:  # its room is free for the next buckets
                 clock.advance(clock.now, prefetch(clock.now))
         else:

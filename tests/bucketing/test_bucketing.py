@@ -172,6 +172,33 @@ def test_rewrite_preserves_shapes_dtypes_strides(mlp_graphs):
             assert _value_meta(arg.meta["val"]) == meta, (user, arg.name)
 
 
+def test_merged_gather_copies_its_members_out_at_once(mlp_graphs):
+    """A merged all-gather's members are [n, numel] columns of the gathered buffer: one op copies them all out
+    (``copy_out_members``: one extern kernel, no generated copy per member), right after the wait, and what
+    read a member reads a view of that op's output."""
+    aten = torch.ops.aten
+    copy_out = torch.ops.fsdp_passes.copy_out_members.default
+    gm = _copy(mlp_graphs[0])
+    bucket_graph(gm, Options(bucketing="manual", bucket_plan=PER_LAYER_PLAN, memory_budget="1GB"))
+    merged = [c for c in _collectives(gm) if BUCKET_META_KEY in c.meta]
+    assert len(merged) == N_LAYERS
+    assert all(c.target is c10d.all_gather_into_tensor.default for c in merged)
+    for c in merged:
+        wait = next(iter(c.users))
+        (op,) = wait.users
+        assert op.target is copy_out
+        assert len(op.args[1]) == len(c.meta[BUCKET_META_KEY]["members"])
+        assert wait.next is op
+        (split,) = op.users  # member i: a view of the i-th block of the op's output, read by what read it
+        assert split.target is aten.split_with_sizes.default
+        assert len(split.users) == len(op.args[1])
+        for item in split.users:
+            assert item.target.__name__ == "getitem"
+            (view,) = item.users
+            assert view.target is aten.view.default
+            assert view.users and all(u.target is not aten.reshape.default for u in view.users)
+
+
 def test_merged_collective_placement(mlp_graphs):
     gm = _copy(mlp_graphs[1])
     dag = dag_from_fx(gm.graph)
