@@ -11,7 +11,8 @@ waits, so a schedule the passes return is checked here on the code Inductor gene
 >>> assert not any(inflight_hazards(code) for code in codes)  # doctest: +SKIP
 
 What counts as a write: a C++ kernel's non-``const`` pointer argument (its ``cpp_pybinding`` signature), an
-extern kernel's ``out=``, and an in-place ``aten`` call's first argument.  Storages are followed through
+extern kernel's ``out=``, and an in-place ``aten`` call's first argument; any other line naming a buffer (a
+custom op such as the bucket copy-out, a view) reads it.  Storages are followed through
 ``reinterpret_tensor`` aliases and ``# reuse`` renames.  Only the Python wrapper (CPU, or GPU without the C++
 wrapper) is read.
 """
@@ -33,6 +34,7 @@ _CALL = re.compile(r"^(\w+)\((.*)\)$")
 _EXTERN = re.compile(r"^extern_kernels\.\w+\((.*)\)$")
 _INPLACE_ATEN = re.compile(r"^(?:aten|torch\.ops\.aten)\.\w+_\.\w+\((\w+)")
 _CPP_SIGNATURE = re.compile(r"^(\w+) = async_compile\.cpp_pybinding\((\[[^\]]*\])")
+_WORD = re.compile(r"\b[A-Za-z_]\w*\b")
 _NAME = re.compile(r"\b(?:reinterpret_tensor\()?([A-Za-z_]\w*)")
 
 
@@ -143,4 +145,9 @@ def inflight_hazards(code: str) -> list[InflightHazard]:
                 if b:
                     touched(storage(b), f"{b} {'written' if written else 'read'}", lineno, text,
                             reading=not written)
+            continue
+        if not text.startswith("assert_"):  # any other op (a custom op's call, a view) that names a buffer reads it
+            for name in set(_WORD.findall(text)):
+                if name in root:
+                    touched(storage(name), f"{name} read", lineno, text, reading=True)
     return hazards

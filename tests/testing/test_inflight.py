@@ -126,3 +126,16 @@ def test_checker_reads_writes_through_aliases_and_unwaited_returns():
         ("buf1", "buf1 written"),  # the gather's output written by an extern kernel
         ("buf3", "returned without a wait"),
     ]
+
+
+def test_checker_reads_a_custom_op_of_a_gathered_buffer_before_its_wait():
+    code = """
+def call(self, args):
+    primals_1, = args
+    buf0 = torch.ops._c10d_functional.all_gather_into_tensor.default(primals_1, 2, '0')
+    assert_size_stride(buf0, (8, ), (1, ), 'all_gather')
+    buf1 = torch.ops.fsdp_passes.copy_out_members.default(buf0, [4, 4], 2)
+    torch.ops._c10d_functional.wait_tensor.default(buf0)
+    return (buf1, )
+"""
+    assert [(h.line, h.what) for h in inflight_hazards(code)] == [(6, "buf0 read")]
