@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         output = proc.stdout + proc.stderr
         abort = HEAP_ABORT.search(output) if proc.returncode != 0 else None
         run = {"run": i, "rc": proc.returncode, "seconds": round(time.monotonic() - t0, 1),
-               "load_1min": os.getloadavg()[0], "heap_abort": abort[0] if abort else None}
+               "load_1min": os.getloadavg()[0], "heap_abort": abort[0] if abort else None,
+               # the launcher prints only the ranks' last lines, which can miss glibc's message: a core says a rank crashed
+               "cores": sorted(p.name for p in folder.glob("core*"))}
         runs.append(run)
         print(json.dumps(run), flush=True)
         if proc.returncode == 0:
