@@ -85,12 +85,12 @@ def inflight_hazards(code: str) -> list[InflightHazard]:
     def storage(name: str) -> str:
         return root.get(name, name)
 
-    inflight: dict[str, tuple[set[str], str]] = {}  # collective output -> (its storages, its output storage)
+    inflight: dict[str, set[str]] = {}  # collective output (its own storage) -> every storage it uses
     hazards: list[InflightHazard] = []
 
     def touched(stor: str, what: str, lineno: int, text: str, *, reading: bool = False) -> None:
-        for coll, (stors, out) in inflight.items():
-            if stor in stors and not (reading and stor != out):
+        for coll, stors in inflight.items():
+            if stor in stors and not (reading and stor != coll):
                 hazards.append(InflightHazard(lineno, coll, what, text))
 
     for offset, raw in enumerate(code[start:].splitlines()):
@@ -106,7 +106,7 @@ def inflight_hazards(code: str) -> list[InflightHazard]:
             out, args = m.group(1), _top_level_args(m.group(3))
             stors = {storage(b) for b in map(_base_name, args) if b}
             root[out] = out
-            inflight[out] = (stors | {out}, out)
+            inflight[out] = stors | {out}
             continue
         if m := _WAIT.match(text):
             inflight.pop(m.group(1), None)
