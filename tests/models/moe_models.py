@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from third_party_models import LossOf  # the same causal-LM loss wrapper as the dense tier
+
 MOE_MODELS = ("mixtral", "qwen2_moe")
 VOCAB = 256
 
@@ -34,16 +36,6 @@ def build_moe(name: str, experts: str = "grouped_mm", n_layers: int = 2, seed: i
     return cls(cfg)
 
 
-class LossOf(nn.Module):
-    def __init__(self, lm: nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        logits = self.lm(input_ids=ids).logits
-        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids.flatten())
-
-
 def sharded_moe_loss(name: str, world_size: int, experts: str = "grouped_mm", n_layers: int = 2,
                      seed: int = 0) -> LossOf:
     """``LossOf`` around the model sharded by ``fsdp_passes.data_parallel`` over the default group."""
@@ -51,7 +43,7 @@ def sharded_moe_loss(name: str, world_size: int, experts: str = "grouped_mm", n_
     from torch.distributed.device_mesh import init_device_mesh
 
     lm = build_moe(name, experts, n_layers, seed)
-    return LossOf(fsdp_passes.data_parallel(lm, init_device_mesh("cpu", (world_size,))))
+    return LossOf(fsdp_passes.data_parallel(lm, init_device_mesh("cpu", (world_size,))), hf=True)
 
 
 def per_block_plan(n_layers: int = 2) -> list:
