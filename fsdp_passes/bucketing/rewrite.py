@@ -2,7 +2,7 @@
 
 Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
-    flat  = cat([reshape(s_i, [-1]) ...])                 # one copy-in; casts feeding s_i fuse into it
+    flat  = copy_in_members([s_i ...], 1)                  # one extern op: the shards, flattened, end to end
     out   = wait_tensor(all_gather_into_tensor(flat, n, group))   # row r of [n, total]: rank r's flat input
     mm    = copy_out_members(out, numels)                  # one extern op: member i's [n, numel_i] columns
                                                            # copied out, member after member
@@ -10,11 +10,11 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
-    flat  = view(cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])
+    flat  = copy_in_members([g_i ...], n)                  # row r of [n, total]: every member's r-th chunk
     out   = wait_tensor(reduce_scatter_tensor(flat, op, n, group))
     r_i   = view(split_with_sizes(out, [numel_i / n ...])[i], shard_shape_i)
 
-All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, pieces viewed back.
+All-reduces: ``copy_in_members`` of the inputs (one row), one ``all_reduce``, pieces viewed back.
 
 Every element travels the same way as in the unbucketed graph (same ranks, same reduction), so results are
 bitwise equal.  Members' payloads are laid out in their original graph order.
@@ -436,6 +436,34 @@ class _Emitter:
         made.append(node)
 
 
+@torch.library.custom_op("fsdp_passes::copy_in_members_into", mutates_args=("out",))
+def copy_in_members_into(members: list[torch.Tensor], rows: int, out: torch.Tensor) -> None:
+    """``out`` (flat, every member's elements) := ``copy_in_members(members, rows)``."""
+    torch.cat([m.reshape(rows, -1) for m in members], dim=1, out=out.view(rows, -1))
+
+
+@torch.library.custom_op("fsdp_passes::copy_in_members", mutates_args=())
+def copy_in_members(members: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """A merged collective's input: ``rows`` rows, row r the r-th of ``rows`` equal chunks of every member in
+    turn (flattened), returned flat.  One row for an all-gather (the shards end to end); the group size for a
+    reduce-scatter (rank r's row: the chunk of every gradient that rank r reduces).
+
+    An op of its own rather than a ``cat`` for the same reason as ``copy_out_members``: Inductor lowers a
+    ``cat`` to a generated copy per member (on CPU a C++ library per distinct one), where this is one extern
+    kernel (``fsdp_passes.inductor`` lowers it to ``copy_in_members_into`` writing a buffer Inductor
+    allocates).  What it gives up: a member computed for its collective alone (a cast to ``param_dtype``) is
+    written by its own kernel and copied, as without bucketing plus one copy, where a ``cat`` computed it
+    straight into its slice."""
+    out = members[0].new_empty(sum(m.numel() for m in members))
+    copy_in_members_into(members, rows, out=out)
+    return out
+
+
+@copy_in_members.register_fake
+def _(members: list[torch.Tensor], rows: int) -> torch.Tensor:
+    return members[0].new_empty(sum(m.numel() for m in members))
+
+
 @torch.library.custom_op("fsdp_passes::copy_out_members_into", mutates_args=("out",))
 def copy_out_members_into(gathered: torch.Tensor, numels: Sequence[int], out: torch.Tensor) -> None:
     """``out`` (flat, ``gathered.numel()`` elements) := ``copy_out_members(gathered, numels)``."""
@@ -471,11 +499,9 @@ def _numel(n: fx.Node) -> int:
     return int(n.meta["val"].numel())
 
 
-def _flat(em: _Emitter, x: fx.Node, made: list, like: fx.Node) -> fx.Node:
-    v = x.meta["val"]
-    if v.dim() == 1:
-        return x
-    return em.call(aten.view.default if v.is_contiguous() else aten.reshape.default, (x, [-1]), made, like)
+def _copy_in(em: _Emitter, inputs: list, rows: int, like_val: torch.Tensor, made: list, like: fx.Node) -> fx.Node:
+    return em.fresh(torch.ops.fsdp_passes.copy_in_members.default, (list(inputs), rows),
+                    [sum(_numel(x) for x in inputs)], like_val, made, like)
 
 
 def _wait(em: _Emitter, coll: fx.Node, made: list, like: fx.Node) -> fx.Node:
@@ -489,11 +515,10 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     n = int(group_size)
     like = colls[0]
     v0 = inputs[0].meta["val"]
-    flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]
     sizes = [_numel(x) for x in inputs]
     total = sum(sizes)
-    cat = em.fresh(aten.cat.default, (flats,), [total], v0, made, like)
-    coll = em.fresh(c10d.all_gather_into_tensor.default, (cat, group_size, group_name), [n * total], v0, made, like,
+    flat = _copy_in(em, inputs, 1, v0, made, like)
+    coll = em.fresh(c10d.all_gather_into_tensor.default, (flat, group_size, group_name), [n * total], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
     if n > 1:
@@ -513,12 +538,9 @@ def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.No
     n = int(group_size)
     like = colls[0]
     v0 = inputs[0].meta["val"]
-    rows = [em.call(aten.view.default if x.meta["val"].is_contiguous() else aten.reshape.default,
-                    (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
     sizes = [_numel(x) // n for x in inputs]
     total = sum(sizes)
-    cat = em.fresh(aten.cat.default, (rows, 1), [n, total], v0, made, like)
-    flat = em.call(aten.view.default, (cat, [-1]), made, like)
+    flat = _copy_in(em, inputs, n, v0, made, like)
     coll = em.fresh(c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), [total], v0, made,
                     like, role="collective")
     wait = _wait(em, coll, made, like)
@@ -529,10 +551,9 @@ def _emit_all_reduce(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, reduce_op, group_name = colls[0].args[:3]
     like = colls[0]
     v0 = inputs[0].meta["val"]
-    flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]
     sizes = [_numel(x) for x in inputs]
-    cat = em.fresh(aten.cat.default, (flats,), [sum(sizes)], v0, made, like)
-    coll = em.fresh(c10d.all_reduce.default, (cat, reduce_op, group_name), [sum(sizes)], v0, made, like,
+    flat = _copy_in(em, inputs, 1, v0, made, like)
+    coll = em.fresh(c10d.all_reduce.default, (flat, reduce_op, group_name), [sum(sizes)], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
     return _split_back(em, wait, sizes, waits, made, like)
@@ -548,4 +569,5 @@ def _split_back(em: _Emitter, flat: fx.Node, sizes: list[int], waits, made, like
     return outs
 
 
-__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "copy_out_members", "copy_out_members_into"]
+__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "copy_in_members", "copy_in_members_into",
+           "copy_out_members", "copy_out_members_into"]

@@ -17,7 +17,7 @@ import torch._inductor.config as inductor_config
 from ..options import Options
 from ..pipeline.report import GraphReport
 from .cache_key import options_key
-from .copy_out import register as register_copy_out
+from .bucket_copies import register as register_bucket_copies
 from .param_names import ParamNamesPass
 from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState
 
@@ -43,7 +43,7 @@ class Installation:
             self.saved = {slot: getattr(inductor_config, slot) for slot in _SLOTS}
             self.saved["reorder_for_compute_comm_overlap_passes"] = list(self.saved["reorder_for_compute_comm_overlap_passes"])
         user_fx_pass = self.saved["post_grad_custom_post_pass"]
-        register_copy_out()  # the merged all-gathers' copy-out, as Inductor should lower it
+        register_bucket_copies()  # the buckets' copy-in and copy-out, as Inductor should lower them
         # names each parameter's collectives while Dynamo's graph still knows the parameters' sources
         inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=self.saved["pre_grad_custom_pass"])
         if options.bucketing != "none":

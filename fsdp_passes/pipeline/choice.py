@@ -26,12 +26,10 @@ between two collectives is the larger of
   full bandwidth (the cost model's marginal time per byte of a large message) after its first use (before
   its reduction), the point where overlap is just possible;
 
-and a merged bucket adds its copy kernels to the compute stream (a gather: each member's shard copied in
-before the issue and all members copied out by one kernel before the first use of any; a reduction: each
-member copied in; the reduced shards are views).  A member whose input is computed for it alone by pointwise
-ops (a cast of the shard to ``param_dtype``, of a gradient to ``reduce_dtype``) has no copy-in of its own:
-Inductor computes that input straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs;
-``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
+and a merged bucket adds its copy kernels to the compute stream (a gather: one kernel copying every member's
+shard in before the issue and one copying all members out before the first use of any; a reduction: one
+kernel copying every member in; the reduced shards are views: ``bucketing.rewrite``'s ``copy_in_members`` and
+``copy_out_members``).  ``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
 issue holds the compute stream for the profile's issue time, and compute runs slower while a collective is in
@@ -47,7 +45,7 @@ kernels run between them), the module structure, the options and the cluster pro
 activation size, which differ between ranks with different local batches.  One caveat: the kernel prediction
 decides some fusions by comparing loop sizes (a kernel looping over a weight fuses with one looping over
 activations only when their element counts are equal), so a kernel count can depend on the local batch where
-such sizes happen to tie (so can the copy-in test, which compares element counts too), and a local batch of 1
+such sizes happen to tie, and a local batch of 1
 changes layouts (a ``reshape`` of a transposed activation is a view when the batch dimension is 1, a copy kernel
 otherwise; a sum over a batch dimension of 1 counts as pointwise, not as a reduction).  Such a difference moves
 a stretch's launch floor by one empty kernel, which changes the choice only where two candidates sit at the
@@ -69,7 +67,6 @@ from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult, CollectiveSurvey
 from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag
-from ..dag.fusion import copy_fuses_with_producer
 from ..simulate import slowed_end
 from .budget import MemoryBudget, fit_to_budget, memory_claim
 
@@ -255,18 +252,15 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         comm_ms.append(cost(op, total, first))
         merged = len(members) > 1
         shard = max(first.group_size or 1, 1)
-        # a member whose input a pointwise kernel computes for it alone (a cast to the collective's dtype) is
-        # computed straight into the flat input: its copy-in is that kernel, which runs in every candidate
-        own_copy = [m for m in members if not copy_fuses_with_producer(dag, m)] if merged else []
         if is_gather:
-            # a merged gather: each member's shard copied in; every member copied out of the merged buffer
-            # by one kernel, before the first use of any of them
-            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes / shard) for m in own_copy))
+            # a merged gather: the members' shards copied in by one kernel; every member copied out of the
+            # merged buffer by one kernel, before the first use of any of them
+            copy_in.append(copy_ms(total / shard) if merged else 0.0)
             copy_out.append(copy_ms(total) if merged else 0.0)
         else:
-            # a merged reduction: each member copied into the flat input; the reduced shards are views of the
-            # output (no kernel)
-            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in own_copy))
+            # a merged reduction: the members copied into the flat input by one kernel; the reduced shards are
+            # views of the output (no kernel)
+            copy_in.append(copy_ms(total) if merged else 0.0)
             copy_out.append(0.0)
         unit_bytes.append(total)
         for m in members:

@@ -216,8 +216,9 @@ def test_merged_collective_placement(mlp_graphs):
     assert order.index(wait.name) < min(order.index(u) for u in consumers)
     # nothing but the copy-in sits between the last input and the collective
     between = order[max(order.index(x) for x in inputs) + 1 : order.index(coll.name)]
-    assert all(n.startswith(("reshape", "cat", "view")) for n in between), between
-    assert coll.args[0].target is torch.ops.aten.view.default and coll.args[0].args[0].target is torch.ops.aten.cat.default
+    assert all(n.startswith("copy_in_members") for n in between), between
+    assert coll.args[0].target is torch.ops.fsdp_passes.copy_in_members.default
+    assert coll.args[0].args[1] == coll.args[2]  # one row per rank
 
 
 # -- auto -------------------------------------------------------------------------------------------------------
@@ -285,12 +286,10 @@ def test_mixed_dtype_buckets(mixed_graphs):
         for c in _collectives(gm):
             assert c.meta["val"].dtype == c.args[0].meta["val"].dtype
             if c.target is c10d.all_gather_into_tensor.default and BUCKET_META_KEY in c.meta:
-                cat = c.args[0]
-                assert cat.target is torch.ops.aten.cat.default
-                # the copy-in reads the bf16 casts of the fp32 shards: cast and copy fuse in one kernel
-                flatten = (torch.ops.aten.reshape.default, torch.ops.aten.view.default)
-                sources = [a.args[0] if a.target in flatten else a for a in cat.args[0]]
-                assert all(s.target is torch.ops.prims.convert_element_type.default for s in sources)
+                copy_in = c.args[0]
+                assert copy_in.target is torch.ops.fsdp_passes.copy_in_members.default
+                # the copy-in reads the bf16 casts of the fp32 shards
+                assert all(m.target is torch.ops.prims.convert_element_type.default for m in copy_in.args[0])
 
 
 def _traced(fn, *args):

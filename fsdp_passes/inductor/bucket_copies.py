@@ -1,0 +1,56 @@
+"""Inductor's lowerings of a bucket's copy-in and copy-out (``bucketing.rewrite.copy_in_members`` /
+``copy_out_members``).
+
+Left to Inductor's implicit fallback, such an op becomes a fallback kernel whose result a separate node then
+allocates: Inductor's memory estimate (and so the scheduler-level DAG) frees the op's inputs before its
+result exists, a bucket too little at that step.  Lowered here each is an extern kernel writing into a
+buffer Inductor allocates at that kernel (``..._into(..., out=buf)``), like a matmul: inputs and result are
+alive together, as they are when it runs, and on both sides of the estimate.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._inductor import ir
+from torch._inductor.lowering import lowerings, register_lowering
+
+from ..bucketing import rewrite  # noqa: F401  (defines the ops)
+
+_COPY_OUT = torch.ops.fsdp_passes.copy_out_members.default
+_COPY_IN = torch.ops.fsdp_passes.copy_in_members.default
+
+
+def _lower_copy_out(gathered: ir.TensorBox, numels: list[int]) -> ir.TensorBox:
+    gathered = ir.ExternKernel.require_contiguous(ir.ExternKernel.realize_input(gathered))
+    layout = ir.FixedLayout(gathered.get_device(), gathered.get_dtype(), list(gathered.get_size()))
+    node = ir.ExternKernelOut(layout=layout, inputs=[gathered], constant_args=[list(numels)],
+                              python_kernel_name="torch.ops.fsdp_passes.copy_out_members_into.default",
+                              op_overload=torch.ops.fsdp_passes.copy_out_members_into.default)
+    return ir.TensorBox.create(node)
+
+
+class _CopyInKernel(ir.ExternKernelOut):
+    """``copy_in_members_into([m_0, m_1, ...], rows, out=buf)``: the members are the kernel's inputs (read,
+    kept alive until it runs) but one list argument of the op."""
+
+    def codegen_args(self) -> list[str]:
+        members = ", ".join(x.codegen_reference() for x in self.inputs)
+        return [f"[{members}]", *self.codegen_const_args()]
+
+
+def _lower_copy_in(members: list[ir.TensorBox], rows: int) -> ir.TensorBox:
+    realized = [ir.ExternKernel.realize_input(m) for m in members]
+    numel = sum((m.get_numel() for m in realized[1:]), realized[0].get_numel())
+    layout = ir.FixedLayout(realized[0].get_device(), realized[0].get_dtype(), [numel])
+    node = _CopyInKernel(layout=layout, inputs=realized, constant_args=[int(rows)],
+                         python_kernel_name="torch.ops.fsdp_passes.copy_in_members_into.default",
+                         op_overload=torch.ops.fsdp_passes.copy_in_members_into.default)
+    return ir.TensorBox.create(node)
+
+
+def register() -> None:
+    """Register the lowerings (once per process)."""
+    if _COPY_OUT not in lowerings:
+        register_lowering(_COPY_OUT, type_promotion_kind=None)(_lower_copy_out)
+    if _COPY_IN not in lowerings:
+        register_lowering(_COPY_IN, type_promotion_kind=None)(_lower_copy_in)
