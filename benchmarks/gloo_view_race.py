@@ -1,0 +1,274 @@
+"""Minimal reproducer attempt for issue 37's gloo heap abort, without fsdp_passes' passes.
+
+Two gloo ranks over loopback (a FileStore in a temporary folder).  Every step each rank issues several
+functional all-gathers (``_c10d_functional.all_gather_into_tensor``) of parameter-like leaves, does
+allocation-heavy work on the main thread while they are in flight (small tensor ops, views of the same leaves,
+an autograd forward + backward over the same leaves), then waits (``wait_tensor``) and checks the gathered
+values.  The gloo worker threads meanwhile run ``AsyncAllgatherCoalescedWork::run``, whose
+``flattenDenseTensors`` makes a view of each input under the issuing thread's captured TLS (grad mode
+included), the path the aborting rank's core showed.
+
+Variants (``--variant``) change what reaches the collective and how it is issued:
+
+    leaf            the requires-grad leaf itself, issued with grad mode on (eager; the worker's view of it
+                    then builds a ViewBackward0 edge to the leaf's AccumulateGrad)
+    leaf_nograd     the leaf, issued under ``torch.no_grad()`` (the worker's captured TLS has grad mode off)
+    detach          ``leaf.detach()`` issued with grad mode on (an alias with no autograd history)
+    plain           leaves that do not require grad at all
+    leaf_nobw       as ``leaf`` but no backward on the main thread between issue and wait
+    compiled        ``torch.compile``'d function (no fsdp_passes) whose graph gathers its primals (the
+                    leaves), computes, then waits; forward + backward each step
+    compiled_detach as ``compiled`` but the leaves are detached in eager before the call
+
+``--threads`` sets gloo's worker threads (default 2, as ``init_process_group`` uses); ``--inflight`` the
+gathers in flight per step.  The launcher (default mode) runs ``--runs`` runs of each variant, optionally
+under glibc's checking malloc (``--malloc-check``: ``LD_PRELOAD=libc_malloc_debug.so.0 MALLOC_CHECK_=3
+MALLOC_PERTURB_=165``), counts failed runs and heap aborts and writes a JSON summary.
+
+    python benchmarks/gloo_view_race.py --variants leaf,detach --runs 3 --steps 3000 --out results/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HEAP_ABORT = re.compile(r"(malloc|free|realloc)\(\): [^\n]*|double free or corruption[^\n]*|corrupted size vs[^\n]*"
+                        r"|malloc_consolidate[^\n]*|corrupted double-linked list[^\n]*")
+MALLOC_DEBUG = ("/usr/lib/x86_64-linux-gnu/libc_malloc_debug.so.0", "/lib64/libc_malloc_debug.so.0")
+VARIANTS = ("leaf", "leaf_nograd", "detach", "plain", "leaf_nobw", "compiled", "compiled_detach")
+WORLD = 2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", default="leaf,detach", help=f"comma-separated, of {VARIANTS}")
+    p.add_argument("--runs", type=int, default=2, help="runs per variant (and per malloc mode)")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--inflight", type=int, default=4, help="all-gathers issued before the first wait")
+    p.add_argument("--threads", type=int, default=2, help="gloo worker threads")
+    p.add_argument("--inductor-reorder", action="store_true",
+                   help="compiled variants: Inductor's reorder_for_compute_comm_overlap (sink_waits, raise_comms)")
+    p.add_argument("--malloc", default="plain", help="comma-separated of plain,check")
+    p.add_argument("--run-timeout", type=float, default=300.0)
+    p.add_argument("--keep", default="/tmp/gloo_view_race", help="folder for failed runs' logs")
+    p.add_argument("--out", default=None)
+    # worker mode
+    p.add_argument("--rank", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="leaf", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --------------------------------------------------------------------------------------------- rank side
+
+SHAPES = [(64,), (256, 32), (4096,), (512, 64), (33,), (1024, 96), (8,), (2048, 32)]
+
+
+def _group(threads: int):
+    """The default group, or (``threads`` != 2) a gloo group with that many worker threads, registered for
+    functional collectives under its own name."""
+    import torch.distributed as dist
+    pg = dist.group.WORLD
+    if threads == 2:
+        return pg.group_name
+    from torch._C._distributed_c10d import ProcessGroup, ProcessGroupGloo, _register_process_group
+    store = dist.PrefixStore("threads_group/", dist.distributed_c10d._get_default_store())
+    opts = ProcessGroupGloo._Options()
+    opts._threads = threads
+    opts._devices = [ProcessGroupGloo.create_default_device()]
+    backend = ProcessGroupGloo(store, dist.get_rank(), WORLD, opts)
+    group = ProcessGroup(store, dist.get_rank(), WORLD)
+    group._set_default_backend(ProcessGroup.BackendType.GLOO)
+    group._register_backend(__import__("torch").device("cpu"), ProcessGroup.BackendType.GLOO, backend)
+    name = f"gloo_threads{threads}"
+    group._set_group_name(name)
+    _register_process_group(name, group)
+    return name
+
+
+def rank_main(args: argparse.Namespace) -> int:
+    faulthandler.enable()
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    store = dist.FileStore(args.store, WORLD)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=WORLD)
+    gname = _group(args.threads)
+    fc = torch.ops._c10d_functional
+    v = args.variant
+    requires_grad = v != "plain"
+    gens = [torch.Generator().manual_seed(1000 * r + 7) for r in range(WORLD)]
+    per_rank = [[torch.randn(*s, generator=gens[r]) for s in SHAPES] for r in range(WORLD)]
+    leaves = [t.clone().requires_grad_(requires_grad) for t in per_rank[args.rank]]
+    expected = [torch.cat([per_rank[r][i] for r in range(WORLD)]) for i in range(len(SHAPES))]
+    k = min(args.inflight, len(leaves))
+
+    compiled = None
+    if v.startswith("compiled"):
+        def body(*ps):
+            outs = [fc.all_gather_into_tensor(p, WORLD, gname) for p in ps[:k]]
+            acc = sum(((p.sin() * 1.5 + p.view(-1)[:1]) ** 2).sum() for p in ps)
+            got = [fc.wait_tensor(o) for o in outs]
+            return acc, got
+        if args.inductor_reorder:  # Inductor's own comm reordering (not fsdp_passes): gathers raised, waits sunk
+            import torch._inductor.config as icfg
+            icfg.reorder_for_compute_comm_overlap = True
+            icfg.reorder_for_compute_comm_overlap_passes = ["sink_waits", "raise_comms"]
+        compiled = torch.compile(body, fullgraph=True)
+
+    bad = 0
+    t0 = time.monotonic()
+    for step in range(args.steps):
+        if compiled is not None:
+            ins = [p.detach() for p in leaves] if v == "compiled_detach" else leaves
+            acc, got = compiled(*ins)
+            # main-thread autograd over the same leaves after the compiled forward
+            extra = sum((p * p).sum() for p in leaves)
+            (acc + extra).backward()
+        else:
+            if v == "leaf_nograd":
+                with torch.no_grad():
+                    outs = [fc.all_gather_into_tensor(p, WORLD, gname) for p in leaves[:k]]
+            elif v == "detach":
+                outs = [fc.all_gather_into_tensor(p.detach(), WORLD, gname) for p in leaves[:k]]
+            else:
+                outs = [fc.all_gather_into_tensor(p, WORLD, gname) for p in leaves[:k]]
+            # allocation-heavy main-thread work while the gathers are in flight
+            small = []
+            for j in range(40):
+                p = leaves[j % len(leaves)]
+                small.append((p.view(-1)[: 1 + j % 7] * 0.5 + j).sum())
+                small.append(p.detach().reshape(-1)[j % 3:].clone().add_(1.0).mean())
+            if v != "leaf_nobw" and requires_grad:
+                loss = sum(((p.sin() * 2.0 + p.view(-1)[:1]) ** 2).sum() for p in leaves) + torch.stack(small).sum()
+                loss.backward()
+            with torch.no_grad():  # wait_tensor in grad mode rejects an output issued from a grad-mode leaf
+                got = [fc.wait_tensor(o) for o in outs]
+        for i, g in enumerate(got):
+            if not torch.equal(g, expected[i]):
+                bad += 1
+        for p in leaves:
+            p.grad = None
+        if step % 500 == 0 and args.rank == 0:
+            print(f"step {step} {time.monotonic() - t0:.1f}s", flush=True)
+    dist.barrier()
+    print(f"rank {args.rank} done: {args.steps} steps, {bad} wrong gathers, {time.monotonic() - t0:.1f}s", flush=True)
+    dist.destroy_process_group()
+    return 2 if bad else 0
+
+
+# --------------------------------------------------------------------------------------------- launcher
+
+def _env(malloc: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", OMP_NUM_THREADS="1")
+    env.pop("LD_PRELOAD", None)
+    if malloc == "check":
+        lib = next((p for p in MALLOC_DEBUG if os.path.exists(p)), None)
+        if lib is None:
+            raise SystemExit("gloo_view_race: malloc=check needs glibc's libc_malloc_debug.so.0")
+        env.update(LD_PRELOAD=lib, MALLOC_CHECK_="3", MALLOC_PERTURB_="165")
+    return env
+
+
+def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, index: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="gloo_view_race_") as tmp:
+        store = os.path.join(tmp, "store")
+        logs = [open(os.path.join(tmp, f"rank{r}.log"), "w+") for r in range(WORLD)]
+        cmd = [sys.executable, __file__, "--variant", variant, "--store", store, "--steps", str(args.steps),
+               "--inflight", str(args.inflight), "--threads", str(args.threads)]
+        cmd += ["--inductor-reorder"] if args.inductor_reorder else []
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=logs[r], stderr=subprocess.STDOUT,
+                                  env=_env(malloc), cwd=tmp) for r in range(WORLD)]
+        rcs = []
+        for pr in procs:
+            try:
+                rcs.append(pr.wait(timeout=max(1.0, args.run_timeout - (time.monotonic() - t0))))
+            except subprocess.TimeoutExpired:
+                pr.kill()
+                rcs.append(pr.wait())
+                rcs[-1] = f"timeout({rcs[-1]})"
+        # a rank that died leaves its peer blocked in a collective: end the peer (only our own children)
+        for pr in procs:
+            if pr.poll() is None:
+                pr.kill()
+                pr.wait()
+        outputs = []
+        for f in logs:
+            f.seek(0)
+            outputs.append(f.read())
+            f.close()
+    output = "\n".join(outputs)
+    abort = HEAP_ABORT.search(output)
+    failed = any(rc != 0 for rc in rcs)
+    run = {"variant": variant, "malloc": malloc, "run": index, "rcs": rcs, "seconds": round(time.monotonic() - t0, 1),
+           "load_1min": round(os.getloadavg()[0], 2), "heap_abort": abort[0] if abort else None,
+           "wrong_gathers": sum(int(m) for m in re.findall(r"(\d+) wrong gathers", output)),
+           "completed_steps": [int(m) for m in re.findall(r"done: (\d+) steps", output)]}
+    if failed or abort:
+        folder = keep / f"{variant}_{malloc}_{index:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for r, text in enumerate(outputs):
+            (folder / f"rank{r}.log").write_text(text)
+        run["kept"] = str(folder)
+    return run
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.rank is not None:
+        return rank_main(args)
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown variant {v!r}; one of {VARIANTS}")
+    keep = Path(args.keep)
+    runs = []
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    for malloc in args.malloc.split(","):
+        for v in variants:
+            for i in range(args.runs):
+                run = one_run(args, v, malloc, keep, i)
+                runs.append(run)
+                print(json.dumps(run), flush=True)
+    table = {}
+    for r in runs:
+        key = f"{r['variant']}/{r['malloc']}"
+        t = table.setdefault(key, {"runs": 0, "steps_per_rank": 0, "failed": 0, "heap_aborts": 0, "wrong_gathers": 0})
+        t["runs"] += 1
+        t["steps_per_rank"] += min(r["completed_steps"]) if len(r["completed_steps"]) == WORLD else 0
+        t["failed"] += any(rc != 0 for rc in r["rcs"])
+        t["heap_aborts"] += bool(r["heap_abort"])
+        t["wrong_gathers"] += r["wrong_gathers"]
+    summary = {"date": started, "commit": _git_commit(), "torch": __import__("torch").__version__,
+               "argv": sys.argv[1:], "steps": args.steps, "inflight": args.inflight, "threads": args.threads,
+               "inductor_reorder": args.inductor_reorder,
+               "load_avg_end": os.getloadavg(), "by_variant": table, "runs": runs}
+    for key, t in table.items():
+        print(f"gloo_view_race: {key}: {t}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=1) + "\n")
+    return 1 if any(t["failed"] for t in table.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
