@@ -61,7 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inductor-reorder", action="store_true",
                    help="compiled variants: Inductor's reorder_for_compute_comm_overlap (sink_waits, raise_comms)")
     p.add_argument("--malloc", default="plain", help="comma-separated of plain,check")
-    p.add_argument("--run-timeout", type=float, default=300.0)
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="run the first N steps under torch.profiler (fidelity.py profiles before its configurations)")
+    p.add_argument("--link", default=None, metavar="RATE",
+                   help="run the ranks in two network namespaces over a tc-tbf-capped veth pair of this rate "
+                        "(emulated_cluster.Cluster; needs root), e.g. 400mbit; default: loopback")
+    p.add_argument("--run-timeout", type=float, default=600.0)
+    p.add_argument("--stall", type=float, default=90.0,
+                   help="seconds without output from any rank (both alive) that count as a hang")
+    p.add_argument("--progress-every", type=int, default=250, help="a rank prints a line every N steps")
     p.add_argument("--keep", default="/tmp/gloo_view_race", help="folder for failed runs' logs")
     p.add_argument("--out", default=None)
     # worker mode
@@ -103,7 +111,11 @@ def rank_main(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    store = dist.FileStore(args.store, WORLD)
+    if os.environ.get("MASTER_ADDR"):  # --link: the ranks sit in two namespaces, rank 0 serves the store
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), WORLD,
+                              is_master=args.rank == 0, timeout=datetime.timedelta(seconds=120))
+    else:
+        store = dist.FileStore(args.store, WORLD)
     dist.init_process_group("gloo", store=store, rank=args.rank, world_size=WORLD)
     gname = _group(args.threads)
     fc = torch.ops._c10d_functional
@@ -130,7 +142,14 @@ def rank_main(args: argparse.Namespace) -> int:
 
     bad = 0
     t0 = time.monotonic()
+    prof = None
+    if args.profile_steps:  # as fidelity.py does before its configurations: a few steps under torch.profiler
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+        prof.__enter__()
     for step in range(args.steps):
+        if prof is not None and step == args.profile_steps:
+            prof.__exit__(None, None, None)
+            prof = None
         if compiled is not None:
             ins = [p.detach() for p in leaves] if v == "compiled_detach" else leaves
             acc, got = compiled(*ins)
@@ -161,7 +180,7 @@ def rank_main(args: argparse.Namespace) -> int:
                 bad += 1
         for p in leaves:
             p.grad = None
-        if step % 500 == 0 and args.rank == 0:
+        if step % args.progress_every == 0:
             print(f"step {step} {time.monotonic() - t0:.1f}s", flush=True)
     dist.barrier()
     print(f"rank {args.rank} done: {args.steps} steps, {bad} wrong gathers, {time.monotonic() - t0:.1f}s", flush=True)
@@ -189,22 +208,49 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
         cmd = [sys.executable, __file__, "--variant", variant, "--store", store, "--steps", str(args.steps),
                "--inflight", str(args.inflight), "--threads", str(args.threads)]
         cmd += ["--inductor-reorder"] if args.inductor_reorder else []
+        cmd += ["--profile-steps", str(args.profile_steps), "--progress-every", str(args.progress_every)]
         t0 = time.monotonic()
-        procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=logs[r], stderr=subprocess.STDOUT,
-                                  env=_env(malloc), cwd=tmp) for r in range(WORLD)]
+        cluster = None
+        if args.link:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from emulated_cluster import Cluster
+            cluster = Cluster("gvrace", args.link, script=Path(__file__))
+            cluster.open()
+            procs = []
+            for r in range(WORLD):
+                log = Path(tmp) / f"rank{r}.log"
+                procs.append(cluster.spawn(r, cmd[2:] + ["--rank", str(r)], _env(malloc), log))
+        else:
+            procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=logs[r], stderr=subprocess.STDOUT,
+                                      env=_env(malloc), cwd=tmp) for r in range(WORLD)]
+        # watch for a stall: every rank prints a line every --progress-every steps; no new output from any rank
+        # for --stall seconds while both live is a hang: record every rank's thread stacks (gdb), then end them
+        hang_stacks = None
+        sizes, last_change = [0] * WORLD, time.monotonic()
+        while any(pr.poll() is None for pr in procs) and time.monotonic() - t0 < args.run_timeout:
+            time.sleep(2.0)
+            now = [os.path.getsize(os.path.join(tmp, f"rank{r}.log")) for r in range(WORLD)]
+            if now != sizes:
+                sizes, last_change = now, time.monotonic()
+            elif (all(pr.poll() is None for pr in procs) and time.monotonic() - last_change > args.stall
+                  and hang_stacks is None):
+                hang_stacks = _stacks(procs)
+                break
         rcs = []
         for pr in procs:
-            try:
-                rcs.append(pr.wait(timeout=max(1.0, args.run_timeout - (time.monotonic() - t0))))
-            except subprocess.TimeoutExpired:
+            if pr.poll() is None:
                 pr.kill()
-                rcs.append(pr.wait())
-                rcs[-1] = f"timeout({rcs[-1]})"
+                rcs.append(f"killed({'hang' if hang_stacks is not None else 'timeout'})")
+                pr.wait()
+            else:
+                rcs.append(pr.returncode)
         # a rank that died leaves its peer blocked in a collective: end the peer (only our own children)
         for pr in procs:
             if pr.poll() is None:
                 pr.kill()
                 pr.wait()
+        if cluster is not None:
+            cluster.close()
         outputs = []
         for f in logs:
             f.seek(0)
@@ -212,18 +258,38 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
             f.close()
     output = "\n".join(outputs)
     abort = HEAP_ABORT.search(output)
+    hang = None
+    if hang_stacks is not None:  # the gloo frames that show where each rank's threads sat
+        hang = sorted({m for m in re.findall(r" in ((?:gloo|c10d)::[A-Za-z_:~]+)", hang_stacks)})
     failed = any(rc != 0 for rc in rcs)
     run = {"variant": variant, "malloc": malloc, "run": index, "rcs": rcs, "seconds": round(time.monotonic() - t0, 1),
-           "load_1min": round(os.getloadavg()[0], 2), "heap_abort": abort[0] if abort else None,
+           "load_1min": round(os.getloadavg()[0], 2), "heap_abort": abort[0] if abort else None, "hang": hang,
            "wrong_gathers": sum(int(m) for m in re.findall(r"(\d+) wrong gathers", output)),
-           "completed_steps": [int(m) for m in re.findall(r"done: (\d+) steps", output)]}
+           "completed_steps": [int(m) for m in re.findall(r"done: (\d+) steps", output)],
+           "last_step": max((int(m) for m in re.findall(r"^step (\d+) ", output, re.M)), default=None)}
     if failed or abort:
         folder = keep / f"{variant}_{malloc}_{index:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         for r, text in enumerate(outputs):
             (folder / f"rank{r}.log").write_text(text)
+        if hang_stacks is not None:
+            (folder / "hang_stacks.txt").write_text(hang_stacks)
         run["kept"] = str(folder)
     return run
+
+
+def _stacks(procs: list) -> str:
+    """Every live rank's thread stacks (gdb batch mode; empty if gdb is missing)."""
+    out = []
+    for r, pr in enumerate(procs):
+        try:
+            res = subprocess.run(["gdb", "-q", "-batch", "-p", str(pr.pid), "-ex", "thread apply all bt 14"],
+                                 capture_output=True, text=True, timeout=120)
+            lines = [ln[:250] for ln in res.stdout.splitlines() if ln.startswith(("#", "Thread"))]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            lines = [f"gdb failed: {e}"]
+        out.append(f"=== rank {r} (pid {pr.pid})\n" + "\n".join(lines))
+    return "\n".join(out) + "\n"
 
 
 def _git_commit() -> str:
@@ -253,15 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     table = {}
     for r in runs:
         key = f"{r['variant']}/{r['malloc']}"
-        t = table.setdefault(key, {"runs": 0, "steps_per_rank": 0, "failed": 0, "heap_aborts": 0, "wrong_gathers": 0})
+        t = table.setdefault(key, {"runs": 0, "steps_per_rank": 0, "failed": 0, "heap_aborts": 0, "hangs": 0,
+                                   "wrong_gathers": 0, "steps_before_failure": []})
         t["runs"] += 1
         t["steps_per_rank"] += min(r["completed_steps"]) if len(r["completed_steps"]) == WORLD else 0
         t["failed"] += any(rc != 0 for rc in r["rcs"])
         t["heap_aborts"] += bool(r["heap_abort"])
+        t["hangs"] += bool(r["hang"] is not None)
+        if r["last_step"] is not None and len(r["completed_steps"]) < WORLD:
+            t["steps_before_failure"].append(r["last_step"])
         t["wrong_gathers"] += r["wrong_gathers"]
     summary = {"date": started, "commit": _git_commit(), "torch": __import__("torch").__version__,
                "argv": sys.argv[1:], "steps": args.steps, "inflight": args.inflight, "threads": args.threads,
-               "inductor_reorder": args.inductor_reorder,
+               "inductor_reorder": args.inductor_reorder, "link": args.link or "loopback",
+               "profile_steps": args.profile_steps,
                "load_avg_end": os.getloadavg(), "by_variant": table, "runs": runs}
     for key, t in table.items():
         print(f"gloo_view_race: {key}: {t}")
