@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--inductor-reorder", action="store_true",
                    help="compiled variants: Inductor's reorder_for_compute_comm_overlap (sink_waits, raise_comms)")
     p.add_argument("--malloc", default="plain", help="comma-separated of plain,check")
+    p.add_argument("--cores", action="store_true",
+                   help="ranks dump core (loopback runs); a failed run keeps gdb's stacks of each core")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="run the first N steps under torch.profiler (fidelity.py profiles before its configurations)")
     p.add_argument("--link", default=None, metavar="RATE",
@@ -222,7 +224,8 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
                 procs.append(cluster.spawn(r, cmd[2:] + ["--rank", str(r)], _env(malloc), log))
         else:
             procs = [subprocess.Popen(cmd + ["--rank", str(r)], stdout=logs[r], stderr=subprocess.STDOUT,
-                                      env=_env(malloc), cwd=tmp) for r in range(WORLD)]
+                                      env=_env(malloc), cwd=tmp, preexec_fn=_cores_on if args.cores else None)
+                     for r in range(WORLD)]
         # watch for a stall: every rank prints a line every --progress-every steps; no new output from any rank
         # for --stall seconds while both live is a hang: record every rank's thread stacks (gdb), then end them
         hang_stacks = None
@@ -251,6 +254,7 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
                 pr.wait()
         if cluster is not None:
             cluster.close()
+        core_stacks = _core_stacks(Path(tmp)) if args.cores else ""
         outputs = []
         for f in logs:
             f.seek(0)
@@ -274,8 +278,29 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
             (folder / f"rank{r}.log").write_text(text)
         if hang_stacks is not None:
             (folder / "hang_stacks.txt").write_text(hang_stacks)
+        if core_stacks:
+            (folder / "core_stacks.txt").write_text(core_stacks)
         run["kept"] = str(folder)
     return run
+
+
+def _cores_on() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+
+
+def _core_stacks(folder: Path) -> str:
+    """Thread stacks of any core file a rank left in ``folder`` (core_pattern ``core``: the rank's cwd)."""
+    out = []
+    for core in sorted(folder.glob("core*")):
+        try:
+            res = subprocess.run(["gdb", "-q", "-batch", sys.executable, str(core), "-ex", "thread apply all bt 30"],
+                                 capture_output=True, text=True, timeout=300)
+            lines = [ln[:250] for ln in res.stdout.splitlines() if ln.startswith(("#", "Thread", "Program"))]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            lines = [f"gdb failed: {e}"]
+        out.append(f"=== {core.name}\n" + "\n".join(lines))
+    return "\n".join(out) + ("\n" if out else "")
 
 
 def _stacks(procs: list) -> str:
