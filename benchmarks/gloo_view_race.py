@@ -86,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 SHAPES = [(64,), (256, 32), (4096,), (512, 64), (33,), (1024, 96), (8,), (2048, 32)]
 
 
+_KEEP: list = []
+
+
 def _group(threads: int):
     """The default group, or (``threads`` != 2) a gloo group with that many worker threads, registered for
     functional collectives under its own name."""
@@ -105,6 +108,7 @@ def _group(threads: int):
     name = f"gloo_threads{threads}"
     group._set_group_name(name)
     _register_process_group(name, group)
+    _KEEP.append(group)  # the registry holds it weakly
     return name
 
 
