@@ -10,8 +10,11 @@ included), the path the aborting rank's core showed.
 
 Variants (``--variant``) change what reaches the collective and how it is issued:
 
-    leaf            the requires-grad leaf itself, issued with grad mode on (eager; the worker's view of it
-                    then builds a ViewBackward0 edge to the leaf's AccumulateGrad)
+    leaf            the requires-grad leaf itself, issued with grad mode on (eager).  Fails every time, at once:
+                    the Work runs under the issuer's captured TLS (grad mode on) and its copy into the output's
+                    chunks raises "A view was created in no_grad mode and is being modified inplace with grad
+                    mode enabled ..." at wait_tensor.  fsdp_passes never issues like this (GatherShard.forward and
+                    compiled graphs run with grad mode off), so this variant is not a stress variant.
     leaf_nograd     the leaf, issued under ``torch.no_grad()`` (the worker's captured TLS has grad mode off)
     detach          ``leaf.detach()`` issued with grad mode on (an alias with no autograd history)
     plain           leaves that do not require grad at all
@@ -34,6 +37,7 @@ import argparse
 import datetime
 import faulthandler
 import json
+import math
 import os
 import re
 import subprocess
@@ -58,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--inflight", type=int, default=4, help="all-gathers issued before the first wait")
     p.add_argument("--threads", type=int, default=2, help="gloo worker threads")
+    p.add_argument("--min-numel", type=int, default=0,
+                   help="only the parameter shapes with at least this many elements (4096: no gathered buffer "
+                        "small enough for glibc's tcache)")
     p.add_argument("--inductor-reorder", action="store_true",
                    help="compiled variants: Inductor's reorder_for_compute_comm_overlap (sink_waits, raise_comms)")
     p.add_argument("--malloc", default="plain", help="comma-separated of plain,check")
@@ -128,9 +135,10 @@ def rank_main(args: argparse.Namespace) -> int:
     v = args.variant
     requires_grad = v != "plain"
     gens = [torch.Generator().manual_seed(1000 * r + 7) for r in range(WORLD)]
-    per_rank = [[torch.randn(*s, generator=gens[r]) for s in SHAPES] for r in range(WORLD)]
+    shapes = [s for s in SHAPES if math.prod(s) >= args.min_numel]
+    per_rank = [[torch.randn(*s, generator=gens[r]) for s in shapes] for r in range(WORLD)]
     leaves = [t.clone().requires_grad_(requires_grad) for t in per_rank[args.rank]]
-    expected = [torch.cat([per_rank[r][i] for r in range(WORLD)]) for i in range(len(SHAPES))]
+    expected = [torch.cat([per_rank[r][i] for r in range(WORLD)]) for i in range(len(shapes))]
     k = min(args.inflight, len(leaves))
 
     compiled = None
@@ -212,7 +220,7 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
         store = os.path.join(tmp, "store")
         logs = [open(os.path.join(tmp, f"rank{r}.log"), "w+") for r in range(WORLD)]
         cmd = [sys.executable, __file__, "--variant", variant, "--store", store, "--steps", str(args.steps),
-               "--inflight", str(args.inflight), "--threads", str(args.threads)]
+               "--inflight", str(args.inflight), "--threads", str(args.threads), "--min-numel", str(args.min_numel)]
         cmd += ["--inductor-reorder"] if args.inductor_reorder else []
         cmd += ["--profile-steps", str(args.profile_steps), "--progress-every", str(args.progress_every)]
         t0 = time.monotonic()
@@ -276,7 +284,7 @@ def one_run(args: argparse.Namespace, variant: str, malloc: str, keep: Path, ind
            "completed_steps": [int(m) for m in re.findall(r"done: (\d+) steps", output)],
            "last_step": max((int(m) for m in re.findall(r"^step (\d+) ", output, re.M)), default=None)}
     if failed or abort:
-        folder = keep / f"{variant}_{malloc}_{index:03d}"
+        folder = keep / f"{os.getpid()}_{variant}_{malloc}_{index:03d}"
         folder.mkdir(parents=True, exist_ok=True)
         for r, text in enumerate(outputs):
             (folder / f"rank{r}.log").write_text(text)
@@ -359,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             t["steps_before_failure"].append(r["last_step"])
         t["wrong_gathers"] += r["wrong_gathers"]
     summary = {"date": started, "commit": _git_commit(), "torch": __import__("torch").__version__,
-               "argv": sys.argv[1:], "steps": args.steps, "inflight": args.inflight, "threads": args.threads,
+               "argv": sys.argv[1:], "steps": args.steps, "inflight": args.inflight, "threads": args.threads, "min_numel": args.min_numel,
                "inductor_reorder": args.inductor_reorder, "link": args.link or "loopback",
                "profile_steps": args.profile_steps,
                "load_avg_end": os.getloadavg(), "by_variant": table, "runs": runs}
