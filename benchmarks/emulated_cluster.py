@@ -419,7 +419,7 @@ def rank_entry(args: argparse.Namespace, keys: tuple[str, ...],
     from datetime import timedelta
 
     inductor_config.compile_threads = 1
-    gloo_threads = os.environ.get("FSDP_PASSES_GLOO_THREADS")
+    gloo_threads = os.environ.get("BENCH_GLOO_THREADS")
     if gloo_threads:  # issue 37: gloo_view_race.py aborts with 2 worker threads (torch's default), not with 1
         if str(REPO) not in sys.path:  # this checkout's fsdp_passes (as _common does), not an installed one
             sys.path.insert(0, str(REPO))
