@@ -35,8 +35,8 @@ def set_gloo_worker_threads(threads: int | None) -> None:
     ``torch.distributed.distributed_c10d`` constructs with a subclass that passes the thread count in its
     options (devices as torch picks them: the ``GLOO_SOCKET_IFNAME`` interfaces, else the default device).
     With one thread a rank's collectives run one after another in issue order, still asynchronously to the
-    main thread; with two, two collectives on the same gloo context run at once, which is what
-    ``benchmarks/gloo_view_race.py`` found corrupting the heap (issue 37)."""
+    main thread; with two, two collectives on the same gloo context run at once: the setting in which
+    ``benchmarks/gloo_view_race.py``'s runs corrupted the heap (issue 37; none did with one thread)."""
     import torch.distributed.distributed_c10d as c10d
 
     base = getattr(c10d.ProcessGroupGloo, "_fsdp_passes_base", c10d.ProcessGroupGloo)
