@@ -419,6 +419,13 @@ def rank_entry(args: argparse.Namespace, keys: tuple[str, ...],
     from datetime import timedelta
 
     inductor_config.compile_threads = 1
+    gloo_threads = os.environ.get("BENCH_GLOO_THREADS")
+    if gloo_threads:  # issue 37: gloo_view_race.py aborts with 2 worker threads (torch's default), not with 1
+        if str(REPO) not in sys.path:  # this checkout's fsdp_passes (as _common does), not an installed one
+            sys.path.insert(0, str(REPO))
+        from fsdp_passes.testing.gloo import set_gloo_worker_threads
+
+        set_gloo_worker_threads(int(gloo_threads))
     params = json.loads(Path(args.params_json).read_text())
     for key in keys:
         setattr(args, key, params[key])

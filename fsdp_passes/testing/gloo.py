@@ -15,7 +15,7 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-__all__ = ["run_on_gloo", "RankFailed"]
+__all__ = ["run_on_gloo", "RankFailed", "set_gloo_worker_threads"]
 
 
 class RankFailed(RuntimeError):
@@ -25,6 +25,40 @@ class RankFailed(RuntimeError):
         super().__init__(f"rank {rank} failed:\n{tb}")
         self.rank = rank
         self.traceback = tb
+
+
+def set_gloo_worker_threads(threads: int | None) -> None:
+    """Make every gloo group created after this call (``init_process_group("gloo")``, ``new_group``) run its
+    collectives on ``threads`` worker threads; ``None`` restores torch's own (2 per device).
+
+    torch gives ``init_process_group`` no option for it, so this replaces the ``ProcessGroupGloo`` that
+    ``torch.distributed.distributed_c10d`` constructs with a subclass that passes the thread count in its
+    options (devices as torch picks them: the ``GLOO_SOCKET_IFNAME`` interfaces, else the default device).
+    With one thread a rank's collectives run one after another in issue order, still asynchronously to the
+    main thread; with two, two collectives on the same gloo context run at once: the setting in which
+    ``benchmarks/gloo_view_race.py``'s runs corrupted the heap (issue 37; none did with one thread)."""
+    import torch.distributed.distributed_c10d as c10d
+
+    base = getattr(c10d.ProcessGroupGloo, "_fsdp_passes_base", c10d.ProcessGroupGloo)
+    if threads is None:
+        c10d.ProcessGroupGloo = base
+        return
+    if threads < 1:
+        raise ValueError(f"set_gloo_worker_threads: threads={threads}; expected >= 1")
+
+    class GlooWithThreads(base):  # type: ignore[misc, valid-type]
+        _fsdp_passes_base = base
+
+        def __init__(self, store: Any, rank: int, size: int, timeout: timedelta = timedelta(minutes=30)) -> None:
+            opts = base._Options()
+            ifnames = [i for i in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if i]
+            opts._devices = ([base.create_device(interface=i) for i in ifnames] if ifnames
+                             else [base.create_default_device()])
+            opts._timeout = timeout
+            opts._threads = threads
+            super().__init__(store, rank, size, opts)
+
+    c10d.ProcessGroupGloo = GlooWithThreads
 
 
 def _free_port() -> int:

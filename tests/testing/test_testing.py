@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 
@@ -251,3 +252,37 @@ def test_run_on_gloo_names_a_crashed_peer():
     # and where it crashed: the interpreter's stacks of the crashed rank, down to the function that aborted
     assert "Fatal Python error: Aborted" in str(info.value)
     assert "_abort_on_rank_0_then_wait" in str(info.value)
+
+
+def _gloo_runloop_threads() -> int:
+    import os
+
+    return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop" for t in os.listdir("/proc/self/task"))
+
+
+def _new_group_with_one_gloo_thread(rank: int, world_size: int) -> tuple:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from fsdp_passes.testing.gloo import set_gloo_worker_threads
+
+    dist.all_reduce(torch.ones(1))  # a group starts its worker threads at its first collective
+    before = _gloo_runloop_threads()  # the default group's: torch's 2
+    set_gloo_worker_threads(1)
+    try:
+        group = dist.new_group(ranks=list(range(world_size)), backend="gloo")
+    finally:
+        set_gloo_worker_threads(None)
+    gathered = torch.ops._c10d_functional.wait_tensor(
+        torch.ops._c10d_functional.all_gather_into_tensor(torch.full((3,), float(rank)), world_size, group.group_name))
+    added = _gloo_runloop_threads() - before
+    restored = c10d.ProcessGroupGloo is torch._C._distributed_c10d.ProcessGroupGloo
+    return before, added, gathered.tolist(), restored
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_set_gloo_worker_threads_gives_new_groups_that_many_threads():
+    out = run_on_gloo(2, _new_group_with_one_gloo_thread, timeout=120)
+    for before, added, gathered, restored in out:
+        assert (before, added, restored) == (2, 1, True)
+        assert gathered == [0.0] * 3 + [1.0] * 3
