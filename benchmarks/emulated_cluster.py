@@ -419,13 +419,14 @@ def rank_entry(args: argparse.Namespace, keys: tuple[str, ...],
     from datetime import timedelta
 
     inductor_config.compile_threads = 1
-    gloo_threads = os.environ.get("BENCH_GLOO_THREADS")
-    if gloo_threads:  # issue 37: gloo_view_race.py aborts with 2 worker threads (torch's default), not with 1
-        if str(REPO) not in sys.path:  # this checkout's fsdp_passes (as _common does), not an installed one
-            sys.path.insert(0, str(REPO))
-        from fsdp_passes.testing.gloo import set_gloo_worker_threads
+    # one gloo worker thread unless BENCH_GLOO_THREADS says otherwise: with torch's two, collectives in flight
+    # together corrupt the heap now and then (gloo_view_race.py); with one a rank's collectives run in issue
+    # order, as NCCL runs a group's on its stream and as the simulator models them
+    if str(REPO) not in sys.path:  # this checkout's fsdp_passes (as _common does), not an installed one
+        sys.path.insert(0, str(REPO))
+    from fsdp_passes.testing.gloo import set_gloo_worker_threads
 
-        set_gloo_worker_threads(int(gloo_threads))
+    set_gloo_worker_threads(int(os.environ.get("BENCH_GLOO_THREADS", "1")))
     params = json.loads(Path(args.params_json).read_text())
     for key in keys:
         setattr(args, key, params[key])

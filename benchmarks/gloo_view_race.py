@@ -1,4 +1,4 @@
-"""Minimal reproducer attempt for issue 37's gloo heap abort, without fsdp_passes' passes.
+"""Minimal reproducer of a heap corruption in gloo collectives, without fsdp_passes' passes.
 
 Two gloo ranks over loopback (a FileStore in a temporary folder).  Every step each rank issues several
 functional all-gathers (``_c10d_functional.all_gather_into_tensor``) of parameter-like leaves, does
@@ -32,7 +32,7 @@ MALLOC_PERTURB_=165``), counts failed runs and heap aborts and writes a JSON sum
 
 What it showed (benchmarks/results/gloo_view_race.json has the counts; torch 2.13.0+cpu, loopback, 2 shared
 cores): with gloo's default 2 worker threads and 4 gathers in flight, 9 of 34 eager runs died within 4000
-steps: ``malloc(): unaligned tcache chunk detected`` (the issue's abort, on a gloo worker thread),
+steps: ``malloc(): unaligned tcache chunk detected`` (the fidelity runs' abort, on a gloo worker thread),
 ``free(): invalid pointer`` (checking malloc, in ``ProcessGroupGloo::runLoop``), SIGSEGV in
 ``gloo::transport::tcp::UnboundBuffer::~UnboundBuffer`` at the end of ``allgather_coalesced``, or a hang with
 a worker spinning in that destructor.  ``plain`` inputs (no requires_grad) failed as often as requires-grad

@@ -36,7 +36,7 @@ def set_gloo_worker_threads(threads: int | None) -> None:
     options (devices as torch picks them: the ``GLOO_SOCKET_IFNAME`` interfaces, else the default device).
     With one thread a rank's collectives run one after another in issue order, still asynchronously to the
     main thread; with two, two collectives on the same gloo context run at once: the setting in which
-    ``benchmarks/gloo_view_race.py``'s runs corrupted the heap (issue 37; none did with one thread)."""
+    ``benchmarks/gloo_view_race.py``'s runs corrupted the heap (none did with one thread)."""
     import torch.distributed.distributed_c10d as c10d
 
     base = getattr(c10d.ProcessGroupGloo, "_fsdp_passes_base", c10d.ProcessGroupGloo)
@@ -79,6 +79,10 @@ def _rank_main(rank: int, world_size: int, port: int, timeout: float, fn: Callab
     from ..inductor.install import set_compile_threads
 
     set_compile_threads(1)
+    # one gloo worker thread: with torch's two, collectives in flight together corrupt the heap now and then
+    # (benchmarks/gloo_view_race.py, without fsdp_passes); with one they run in issue order, as NCCL runs a
+    # group's collectives on its one stream
+    set_gloo_worker_threads(1)
     try:
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
