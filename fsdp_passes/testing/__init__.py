@@ -8,7 +8,7 @@
 
 from .dag_builder import DagBuilder
 from .capture import CapturedGraphs, SchedulerCapture, capture_fx_graphs, capture_scheduler_nodes
-from .gloo import RankFailed, run_on_gloo
+from .gloo import RankFailed, run_on_gloo, set_gloo_worker_threads
 from .inflight import InflightHazard, inflight_hazards
 from .models import (
     FSDP_PARAM_META_KEY,
@@ -33,6 +33,7 @@ __all__ = [
     "capture_scheduler_nodes",
     "RankFailed",
     "run_on_gloo",
+    "set_gloo_worker_threads",
     "InflightHazard",
     "inflight_hazards",
     "FSDP_PARAM_META_KEY",
