@@ -10,11 +10,11 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
-    flat  = copy_in_members([g_i ...], n)                  # row r of [n, total]: every member's r-th chunk
+    flat  = view(cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])   # a copy per member, placed with it
     out   = wait_tensor(reduce_scatter_tensor(flat, op, n, group))
     r_i   = view(split_with_sizes(out, [numel_i / n ...])[i], shard_shape_i)
 
-All-reduces: ``copy_in_members`` of the inputs (one row), one ``all_reduce``, pieces viewed back.
+All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, pieces viewed back.
 
 Every element travels the same way as in the unbucketed graph (same ranks, same reduction), so results are
 bitwise equal.  Members' payloads are laid out in their original graph order.
@@ -437,30 +437,28 @@ class _Emitter:
 
 
 @torch.library.custom_op("fsdp_passes::copy_in_members_into", mutates_args=("out",))
-def copy_in_members_into(members: list[torch.Tensor], rows: int, out: torch.Tensor) -> None:
-    """``out`` (flat, every member's elements) := ``copy_in_members(members, rows)``."""
-    torch.cat([m.reshape(rows, -1) for m in members], dim=1, out=out.view(rows, -1))
+def copy_in_members_into(members: list[torch.Tensor], out: torch.Tensor) -> None:
+    """``out`` (flat, every member's elements) := ``copy_in_members(members)``."""
+    torch.cat([m.reshape(-1) for m in members], out=out)
 
 
 @torch.library.custom_op("fsdp_passes::copy_in_members", mutates_args=())
-def copy_in_members(members: list[torch.Tensor], rows: int) -> torch.Tensor:
-    """A merged collective's input: ``rows`` rows, row r the r-th of ``rows`` equal chunks of every member in
-    turn (flattened), returned flat.  One row for an all-gather (the shards end to end); the group size for a
-    reduce-scatter (rank r's row: the chunk of every gradient that rank r reduces).
+def copy_in_members(members: list[torch.Tensor]) -> torch.Tensor:
+    """A merged all-gather's input: the members' shards, flattened, end to end.
 
     An op of its own rather than a ``cat`` for the same reason as ``copy_out_members``: Inductor lowers a
     ``cat`` to a generated copy per member (on CPU a C++ library per distinct one), where this is one extern
     kernel (``fsdp_passes.inductor`` lowers it to ``copy_in_members_into`` writing a buffer Inductor
-    allocates).  What it gives up: a member computed for its collective alone (a cast to ``param_dtype``) is
-    written by its own kernel and copied, as without bucketing plus one copy, where a ``cat`` computed it
-    straight into its slice."""
+    allocates).  What it gives up: a shard cast to ``param_dtype`` is a kernel of its own, as without
+    bucketing, and copied, where a ``cat`` computed the cast straight into its slice.  Reduction buckets keep
+    the ``cat`` (see ``_emit_reduce_scatter``)."""
     out = members[0].new_empty(sum(m.numel() for m in members))
-    copy_in_members_into(members, rows, out=out)
+    copy_in_members_into(members, out=out)
     return out
 
 
 @copy_in_members.register_fake
-def _(members: list[torch.Tensor], rows: int) -> torch.Tensor:
+def _(members: list[torch.Tensor]) -> torch.Tensor:
     return members[0].new_empty(sum(m.numel() for m in members))
 
 
@@ -499,9 +497,11 @@ def _numel(n: fx.Node) -> int:
     return int(n.meta["val"].numel())
 
 
-def _copy_in(em: _Emitter, inputs: list, rows: int, like_val: torch.Tensor, made: list, like: fx.Node) -> fx.Node:
-    return em.fresh(torch.ops.fsdp_passes.copy_in_members.default, (list(inputs), rows),
-                    [sum(_numel(x) for x in inputs)], like_val, made, like)
+def _flat(em: _Emitter, x: fx.Node, made: list, like: fx.Node) -> fx.Node:
+    v = x.meta["val"]
+    if v.dim() == 1:
+        return x
+    return em.call(aten.view.default if v.is_contiguous() else aten.reshape.default, (x, [-1]), made, like)
 
 
 def _wait(em: _Emitter, coll: fx.Node, made: list, like: fx.Node) -> fx.Node:
@@ -517,7 +517,7 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     v0 = inputs[0].meta["val"]
     sizes = [_numel(x) for x in inputs]
     total = sum(sizes)
-    flat = _copy_in(em, inputs, 1, v0, made, like)
+    flat = em.fresh(torch.ops.fsdp_passes.copy_in_members.default, (list(inputs),), [total], v0, made, like)
     coll = em.fresh(c10d.all_gather_into_tensor.default, (flat, group_size, group_name), [n * total], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
@@ -538,9 +538,16 @@ def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.No
     n = int(group_size)
     like = colls[0]
     v0 = inputs[0].meta["val"]
+    # a concatenation, not copy_in_members: each gradient is copied into the bucket by a kernel placed with
+    # it (a cast to reduce_dtype computed inside that copy), so Inductor's peak-memory reordering keeps the
+    # gradients' matmuls where they are; read whole by one op at the end, they were all moved there, with
+    # the bucket's issue (a 2-block Qwen2 backward: both reduce-scatters exposed at the end)
+    rows = [em.call(aten.view.default if x.meta["val"].is_contiguous() else aten.reshape.default,
+                    (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
     sizes = [_numel(x) // n for x in inputs]
     total = sum(sizes)
-    flat = _copy_in(em, inputs, n, v0, made, like)
+    cat = em.fresh(aten.cat.default, (rows, 1), [n, total], v0, made, like)
+    flat = em.call(aten.view.default, (cat, [-1]), made, like)
     coll = em.fresh(c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), [total], v0, made,
                     like, role="collective")
     wait = _wait(em, coll, made, like)
@@ -551,9 +558,10 @@ def _emit_all_reduce(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, reduce_op, group_name = colls[0].args[:3]
     like = colls[0]
     v0 = inputs[0].meta["val"]
+    flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]  # a concatenation, as for reduce-scatters
     sizes = [_numel(x) for x in inputs]
-    flat = _copy_in(em, inputs, 1, v0, made, like)
-    coll = em.fresh(c10d.all_reduce.default, (flat, reduce_op, group_name), [sum(sizes)], v0, made, like,
+    cat = em.fresh(aten.cat.default, (flats,), [sum(sizes)], v0, made, like)
+    coll = em.fresh(c10d.all_reduce.default, (cat, reduce_op, group_name), [sum(sizes)], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
     return _split_back(em, wait, sizes, waits, made, like)

@@ -9,8 +9,8 @@ DAG of the same graph gets after Inductor's fusion:
 - views (``view``, ``reshape`` of a viewable layout, ``permute``, ``expand``, ``slice``, ``getitem``,
   ``_unsafe_view``...) run no kernel and allocate nothing: their users read the base buffer.  A ``reshape``
   whose input layout cannot be viewed in the new shape is a copy kernel;
-- extern kernels (matmuls, convolutions, attention, ops outside aten/prims: a bucket's copy-in and copy-out
-  ``fsdp_passes.copy_in_members`` / ``copy_out_members``) and scatters stay one kernel
+- extern kernels (matmuls, convolutions, attention, ops outside aten/prims: a gather bucket's copy-in and
+  copy-out ``fsdp_passes.copy_in_members`` / ``copy_out_members``) and scatters stay one kernel
   each, as do collectives and waits; a fallback kernel returning several results (an attention backward)
   writes each as its own buffer, the ones read.  An index put that Inductor lowers to its ``Scatter`` (an
   embedding's gradient accumulation) is a fused kernel: its values and mask are computed inside it and it
@@ -35,7 +35,7 @@ DAG of the same graph gets after Inductor's fusion:
   joins them (a producer with a consumer that also waits for a matmul; kernels of two layers reading one
   buffer: horizontal fusion) or both reduce, to outputs of different sizes (a weight's gradient, summed over
   rows, stays apart from a normalisation's backward, summed over each row);
-- a concatenation (a user's ``cat``) is Inductor's ``ConcatKernel`` on CPU: each input is written into
+- a concatenation (a reduction bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
   its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
   only the concatenation reads), and the result is allocated once by a node that runs no kernel.
 
@@ -70,7 +70,7 @@ from .from_fx import _is_view, tensor_bytes
 from .graph import Dag, DagNode, NodeKind, OutputBuffer
 from .ops import as_int, op_base_name
 
-__all__ = ["EXTERN_OPS", "REDUCTION_OPS", "predict_kernels"]
+__all__ = ["EXTERN_OPS", "REDUCTION_OPS", "copy_fuses_with_producer", "predict_kernels"]
 
 #: aten ops Inductor calls as library kernels (never fused with anything)
 EXTERN_OPS = frozenset({
@@ -305,7 +305,7 @@ def _slice_outer_loop(fx_input: Any, dim: Any) -> int:
 def _fuses_into(producer: _Unit, consumer: _Unit) -> bool:
     """Whether the CPU backend fuses ``consumer`` with the ``producer`` it reads.  A reduction fuses with a
     consumer only by outer-loop fusion: the consumer's outermost loop must be the reduction's output (a
-    concatenation's copy of a reduction into a strided slice runs apart); a
+    concatenation's copy of a reduction into a strided slice, a bucket's rank-major copy-in, runs apart); a
     reduction over outer dimensions runs its own loop whatever it reads."""
     if not consumer.fuses_with_producers or producer.scatter or consumer.scatter_target is producer:
         return False
@@ -350,6 +350,53 @@ class _Groups:
         ra, rb = self.find(a), self.find(b)
         if ra != rb:
             self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def copy_fuses_with_producer(dag: Dag, i: int) -> bool:
+    """Whether a concatenation's copy of node ``i``'s first input (a reduction bucket's copy-in of a
+    collective's input) runs inside the kernel computing that input: true when the input is, through views, a pointwise op
+    (a cast to the reduction's dtype) that nothing else reads, which Inductor computes straight into its
+    slice of the concatenation; the merge then adds no kernel for it.  A graph input (a parameter's shard
+    itself) or the result of an extern kernel or a reduction is copied by a kernel of its own."""
+    origin = dag.nodes[i].origin
+    if not isinstance(origin, fx.Node) or not origin.args or not isinstance(origin.args[0], fx.Node):
+        return False
+    src, reader = origin.args[0], origin
+    while True:
+        j = dag.index.get(src.name)
+        if j is None or len(src.users) != 1 or reader not in src.users:
+            return False  # a graph input, or a value something else reads too
+        node = dag.nodes[j]
+        if not (_is_view_node(node) and not _copies(node)):
+            break
+        if not src.all_input_nodes:
+            return False
+        src, reader = src.all_input_nodes[0], src
+    # the pointwise ops computed for the copy alone, back to the kernels or graph inputs they read: a
+    # reduction among those stays apart from the copy (the CPU backend fuses after a reduction only by
+    # outer-loop fusion), so the merge splits a kernel that ran fused in two
+    stack, seen = [j], {j}
+    while stack:
+        k = stack.pop()
+        node = dag.nodes[k]
+        if node.kind is not NodeKind.COMPUTE:
+            return False
+        namespace, base = _base_op(node)
+        if (namespace not in ("aten", "prims", "") or base in EXTERN_OPS or base in REDUCTION_OPS
+                or base in _SCATTER_OPS or base == "cat" or not _is_pointwise(node)):
+            return False
+        for a in node.origin.all_input_nodes:
+            p = dag.index.get(a.name)
+            if p is None or p in seen:
+                continue  # a graph input
+            producer = dag.nodes[p]
+            if producer.kind is not NodeKind.COMPUTE or _base_op(producer)[1] in EXTERN_OPS:
+                continue  # read from a collective's or an extern kernel's buffer
+            if _base_op(producer)[1] in REDUCTION_OPS or len(a.users) != 1:
+                return False  # a reduction's kernel, or a value other kernels read too
+            seen.add(p)
+            stack.append(p)
+    return True
 
 
 def predict_kernels(dag: Dag) -> Dag:

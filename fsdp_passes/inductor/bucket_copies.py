@@ -1,4 +1,4 @@
-"""Inductor's lowerings of a bucket's copy-in and copy-out (``bucketing.rewrite.copy_in_members`` /
+"""Inductor's lowerings of a gather bucket's copy-in and copy-out (``bucketing.rewrite.copy_in_members`` /
 ``copy_out_members``).
 
 Left to Inductor's implicit fallback, such an op becomes a fallback kernel whose result a separate node then
@@ -30,7 +30,7 @@ def _lower_copy_out(gathered: ir.TensorBox, numels: list[int]) -> ir.TensorBox:
 
 
 class _CopyInKernel(ir.ExternKernelOut):
-    """``copy_in_members_into([m_0, m_1, ...], rows, out=buf)``: the members are the kernel's inputs (read,
+    """``copy_in_members_into([m_0, m_1, ...], out=buf)``: the members are the kernel's inputs (read,
     kept alive until it runs) but one list argument of the op."""
 
     def codegen_args(self) -> list[str]:
@@ -38,11 +38,11 @@ class _CopyInKernel(ir.ExternKernelOut):
         return [f"[{members}]", *self.codegen_const_args()]
 
 
-def _lower_copy_in(members: list[ir.TensorBox], rows: int) -> ir.TensorBox:
+def _lower_copy_in(members: list[ir.TensorBox]) -> ir.TensorBox:
     realized = [ir.ExternKernel.realize_input(m) for m in members]
     numel = sum((m.get_numel() for m in realized[1:]), realized[0].get_numel())
     layout = ir.FixedLayout(realized[0].get_device(), realized[0].get_dtype(), [numel])
-    node = _CopyInKernel(layout=layout, inputs=realized, constant_args=[int(rows)],
+    node = _CopyInKernel(layout=layout, inputs=realized,
                          python_kernel_name="torch.ops.fsdp_passes.copy_in_members_into.default",
                          op_overload=torch.ops.fsdp_passes.copy_in_members_into.default)
     return ir.TensorBox.create(node)

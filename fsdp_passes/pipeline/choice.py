@@ -27,9 +27,12 @@ between two collectives is the larger of
   its reduction), the point where overlap is just possible;
 
 and a merged bucket adds its copy kernels to the compute stream (a gather: one kernel copying every member's
-shard in before the issue and one copying all members out before the first use of any; a reduction: one
-kernel copying every member in; the reduced shards are views: ``bucketing.rewrite``'s ``copy_in_members`` and
-``copy_out_members``).  ``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
+shard in before the issue and one copying all members out before the first use of any, ``bucketing.rewrite``'s
+``copy_in_members`` and ``copy_out_members``; a reduction: each member copied in, the reduced shards are
+views).  A reduction member whose input is computed for it alone by pointwise ops (a cast of a gradient to
+``reduce_dtype``) has no copy of its own: Inductor computes that input straight into the merged buffer
+(``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs.  ``CandidateScore.copy_ms`` is what
+the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
 issue holds the compute stream for the profile's issue time, and compute runs slower while a collective is in
@@ -67,6 +70,7 @@ from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult, CollectiveSurvey
 from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag
+from ..dag.fusion import copy_fuses_with_producer
 from ..simulate import slowed_end
 from .budget import MemoryBudget, fit_to_budget, memory_claim
 
@@ -258,9 +262,11 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
             copy_in.append(copy_ms(total / shard) if merged else 0.0)
             copy_out.append(copy_ms(total) if merged else 0.0)
         else:
-            # a merged reduction: the members copied into the flat input by one kernel; the reduced shards are
-            # views of the output (no kernel)
-            copy_in.append(copy_ms(total) if merged else 0.0)
+            # a merged reduction: each member copied into the flat input, unless a pointwise kernel computes
+            # its input for it alone (a cast to reduce_dtype): computed straight into the flat input, that
+            # kernel runs in every candidate; the reduced shards are views of the output (no kernel)
+            own_copy = [m for m in members if not copy_fuses_with_producer(dag, m)] if merged else []
+            copy_in.append(sum(copy_ms(dag.nodes[m].comm_bytes) for m in own_copy))
             copy_out.append(0.0)
         unit_bytes.append(total)
         for m in members:

@@ -2,9 +2,10 @@
 plan's merges cost in the score equal the compute the scheduler-level graph of that plan has over the same
 model compiled without merging, priced by the same cost model.
 
-The gradients are reduced in fp32 from bf16 parameters and the parameters gathered in bf16, so each
-collective's input is a cast, a kernel of its own in both graphs; a merged bucket adds its copy-in (and for a
-gather its copy-out), one extern kernel each.
+The parameters are gathered in bf16: each gather bucket adds one copy-in and one copy-out kernel.  The gradients
+are reduced in fp32 from bf16 parameters, so each reduction's input is a cast: Inductor computes the cast
+straight into the merged input (no copy kernel), except where the cast reads a reduction (a bias gradient),
+whose kernel then runs apart from it.
 """
 
 from __future__ import annotations
