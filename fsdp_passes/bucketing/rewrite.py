@@ -2,7 +2,7 @@
 
 Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
-    flat  = copy_in_members([s_i ...], 1)                  # one extern op: the shards, flattened, end to end
+    flat  = copy_in_members([s_i ...])                     # one extern op: the shards, flattened, end to end
     out   = wait_tensor(all_gather_into_tensor(flat, n, group))   # row r of [n, total]: rank r's flat input
     mm    = copy_out_members(out, numels)                  # one extern op: member i's [n, numel_i] columns
                                                            # copied out, member after member
