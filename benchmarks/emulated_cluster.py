@@ -422,8 +422,7 @@ def rank_entry(args: argparse.Namespace, keys: tuple[str, ...],
     # one gloo worker thread unless BENCH_GLOO_THREADS says otherwise: with torch's two, collectives in flight
     # together corrupt the heap now and then (gloo_view_race.py); with one a rank's collectives run in issue
     # order, as NCCL runs a group's on its stream and as the simulator models them
-    if str(REPO) not in sys.path:  # this checkout's fsdp_passes (as _common does), not an installed one
-        sys.path.insert(0, str(REPO))
+    import _common  # noqa: F401  (puts this checkout's fsdp_passes first on sys.path)
     from fsdp_passes.testing.gloo import set_gloo_worker_threads
 
     set_gloo_worker_threads(int(os.environ.get("BENCH_GLOO_THREADS", "1")))

@@ -255,8 +255,6 @@ def test_run_on_gloo_names_a_crashed_peer():
 
 
 def _gloo_runloop_threads() -> int:
-    import os
-
     return sum(open(f"/proc/self/task/{t}/comm").read().strip() == "pt_gloo_runloop" for t in os.listdir("/proc/self/task"))
 
 
