@@ -5,17 +5,22 @@ shaper whose burst lets small messages through faster than its rate), a profile 
 measurement instead: one band per measured size up to ``max_bytes``, each the time of a call of one ring
 step (``call``, per-call cost and step together) and of every further step (``step``) (``profiles`` module
 docstring).  The fit reads a
-``Calibration`` (the per-size medians of a sweep, ``calibrate``): at each size an all-gather takes ``k = n−1``
-ring steps and an all-reduce ``2k`` (a gloo reduce-scatter is its all-reduce, an NCCL one takes an
-all-gather's ``k``), so
+``Calibration`` (the per-size medians of a sweep, ``calibrate``) and, when given, every timed sample of each
+point (``samples``): at each size an all-gather takes ``k = n−1`` ring steps and an all-reduce ``2k`` (a gloo
+reduce-scatter is its all-reduce, an NCCL one takes an all-gather's ``k``), so
 
-    t1 = call + (k−1)·step       (median of the ops with k steps)
-    t2 = call + (2k−1)·step      (median of the ops with 2k steps)
+    t1 = call + (k−1)·step       (the ops with k steps)
+    t2 = call + (2k−1)·step      (the ops with 2k steps)
 
 gives ``step = (t2 − t1)/k`` and ``call = t1 − (k−1)·step`` (two ranks: ``call = t1``, ``step = t2 − t1``).
-Load on the host only ever slows a call down, and a call never gets faster with more bytes, so first each of
-``t1`` and ``t2`` at a size is made the smallest of its medians at that size and at every larger band size
-(one loaded point does not price its band above the larger ones).  Noise can still make ``t2 < t1`` (then
+
+``t1`` and ``t2`` are each a monotone (isotonic) fit over the band sizes: a call never gets faster with more
+bytes, so where a larger size measured faster than a smaller one the difference is noise, and those sizes
+share one time.  Each size starts as a block holding its samples (those of every op of that step count: the
+timed samples when ``samples`` is given, else each op's median as one sample); going up in size, while a
+block's median exceeds the next block's, the two are pooled into one block (pool-adjacent-violators), and
+each size's time is the median of its block's pooled samples.  So a flat stretch of sizes is priced by the
+median of all its samples, not by its one fastest median.  Noise can still make ``t2 < t1`` (then
 ``step = 0`` and ``call`` is the mean of the two); with more than two ranks ``call`` could come out negative
 (then ``call = 0`` and ``step`` is the least-squares slope of the two equations).  Last, each band's ``call``
 and ``step`` are raised to at least the previous band's, so that more bytes never cost less (the profile
@@ -24,12 +29,49 @@ requires it).  The bands are fitted at one group size: at another the per-step t
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Mapping, Sequence
+from typing import Optional, Union
 
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
 
 __all__ = ["fit_small_collective_bands"]
+
+Samples = Mapping[tuple[Union[CollectiveOp, str], int], Sequence[float]]
+
+
+def _samples_table(samples: Samples) -> dict[tuple[str, int], list[float]]:
+    """``samples`` keyed by (op name, bytes), each a list of positive finite ms; ValueError naming it."""
+    if not isinstance(samples, Mapping):
+        raise ValueError(f"samples={samples!r} is not valid: expected a mapping (op, bytes) -> [ms, ...]")
+    table: dict[tuple[str, int], list[float]] = {}
+    for key, times in samples.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)
+                and not isinstance(key[1], bool)):
+            raise ValueError(f"samples: key {key!r} is not valid: expected (op, bytes)")
+        op = key[0].value if isinstance(key[0], CollectiveOp) else str(key[0])
+        if isinstance(times, (str, bytes)) or not isinstance(times, Sequence) or not times or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+                for t in times):
+            raise ValueError(f"samples[{key!r}]={times!r} is not valid: expected a non-empty sequence of "
+                             "positive finite times in milliseconds")
+        table[op, key[1]] = [float(t) for t in times]
+    return table
+
+
+def _isotonic_medians(blocks: list[list[float]]) -> list[float]:
+    """Non-decreasing per-size times: pool adjacent sizes whose medians fall with size (pool-adjacent-
+    violators with the median of the pooled samples as a block's value); one time per entry of ``blocks``."""
+    pooled: list[tuple[list[float], int]] = []  # (samples, how many sizes)
+    for samples in blocks:
+        pooled.append((list(samples), 1))
+        while len(pooled) > 1 and statistics.median(pooled[-2][0]) > statistics.median(pooled[-1][0]):
+            later, n_later = pooled.pop()
+            earlier, n_earlier = pooled.pop()
+            pooled.append((earlier + later, n_earlier + n_later))
+    return [statistics.median(samples) for samples, n in pooled for _ in range(n)]
 
 
 def fit_small_collective_bands(
@@ -37,35 +79,52 @@ def fit_small_collective_bands(
     group_size: int,
     max_bytes: int,
     collective_library: str = "gloo",
+    samples: Optional[Samples] = None,
 ) -> tuple[tuple[int, float, float], ...]:
     """Bands ``(max_bytes, call_us, step_us)``, one per size up to ``max_bytes`` at which ``calibration`` has
     an all-gather and an all-reduce (or, on gloo, a reduce-scatter) for ``group_size`` ranks; see the module
-    docstring.  Empty when there is no such size."""
+    docstring.  ``samples``, when given, maps ``(op, bytes)`` to the timed samples (ms) of that point at
+    ``group_size`` (``calibrate``'s ``samples``), one entry for every point the fit uses.  Empty when there
+    is no such size."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"group_size={group_size!r} is not valid: expected an integer >= 2")
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
         raise ValueError(f"max_bytes={max_bytes!r} is not valid: expected a positive integer")
     if collective_library not in ("gloo", "nccl"):
         raise ValueError(f"collective_library={collective_library!r} is not valid: expected 'gloo' or 'nccl'")
+    timed = None if samples is None else _samples_table(samples)
     tables = {op: dict(calibration.points(op, group_size)) for op in
               (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)}
     rs_two = collective_library == "gloo"  # gloo's reduce-scatter runs a full ring all-reduce
     one_ops = [CollectiveOp.ALL_GATHER] + ([] if rs_two else [CollectiveOp.REDUCE_SCATTER])
     two_ops = [CollectiveOp.ALL_REDUCE] + ([CollectiveOp.REDUCE_SCATTER] if rs_two else [])
     sizes = sorted(set().union(*(t.keys() for t in tables.values())))
-    measured: list[tuple[int, float, float]] = []
+
+    def block(ops: list[CollectiveOp], size: int) -> list[float]:
+        out: list[float] = []
+        for op in ops:
+            if size not in tables[op]:
+                continue
+            if timed is None:
+                out.append(tables[op][size])
+            elif (op.value, size) in timed:
+                out.extend(timed[op.value, size])
+            else:
+                raise ValueError(f"samples: no entry for ({op.value!r}, {size}), a point of the fit")
+        return out
+
+    measured: list[tuple[int, list[float], list[float]]] = []
     for size in sizes:
         if size > max_bytes:
             break
-        t1s = [tables[op][size] for op in one_ops if size in tables[op]]
-        t2s = [tables[op][size] for op in two_ops if size in tables[op]]
-        if t1s and t2s:
-            measured.append((size, statistics.median(t1s) * 1e3, statistics.median(t2s) * 1e3))  # ms -> µs
+        b1, b2 = block(one_ops, size), block(two_ops, size)
+        if b1 and b2:
+            measured.append((size, b1, b2))
+    t1s = [t * 1e3 for t in _isotonic_medians([m[1] for m in measured])]  # ms -> µs
+    t2s = [t * 1e3 for t in _isotonic_medians([m[2] for m in measured])]
     bands: list[tuple[int, float, float]] = []
-    for i, (size, _, _) in enumerate(measured):
-        t1 = min(m[1] for m in measured[i:])
-        t2 = min(m[2] for m in measured[i:])
-        k = group_size - 1
+    k = group_size - 1
+    for (size, _, _), t1, t2 in zip(measured, t1s, t2s):
         if t2 < t1:
             call, step = (t1 + t2) / 2, 0.0
         else:

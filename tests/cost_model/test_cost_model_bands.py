@@ -14,6 +14,7 @@ from fsdp_passes.cost_model import (
     fit_small_collective_bands,
     load_profile,
 )
+from fsdp_passes.dag import CollectiveOp
 
 BANDS = [[4096, 100, 30], [65536, 200, 50]]
 
@@ -94,16 +95,65 @@ def test_fit_two_ranks_hand_computed():
                 "all_reduce": {1024: 0.50, 4096: 0.55, 16384: 0.60, 1 << 20: 21.0},
                 "reduce_scatter": {1024: 0.70, 4096: 0.65, 16384: 0.62}})
     bands = fit_small_collective_bands(cal, 2, 65536)
-    # one-step times (all-gather) 0.30 0.40 0.32 -> smallest at this size or above: 0.30 0.32 0.32 ms;
-    # two-step times (median of all-reduce and gloo's reduce-scatter) 0.60 0.60 0.61 -> 0.60 0.60 0.61 ms;
-    # call = t1, step = t2 - t1: (300, 300), (320, 280 -> raised to 300), (320, 290 -> 300) µs
+    # without samples each op's median is one sample.  One-step times (all-gather) 0.30 0.40 0.32: 0.40 > 0.32,
+    # so 4096 and 16384 pool to median(0.40, 0.32) = 0.36 >= 0.30 -> 0.30 0.36 0.36 ms; two-step times (all-reduce
+    # and gloo's reduce-scatter) median(0.50, 0.70) = 0.60, median(0.55, 0.65) = 0.60, median(0.60, 0.62) = 0.61,
+    # already non-decreasing; call = t1, step = t2 - t1: (300, 300), (360, 240 -> raised to 300), (360, 250 -> 300)
     assert [b[0] for b in bands] == [1024, 4096, 16384]
-    assert [b[1:] for b in bands] == [pytest.approx((300, 300)), pytest.approx((320, 300)), pytest.approx((320, 300))]
+    assert [b[1:] for b in bands] == [pytest.approx((300, 300)), pytest.approx((360, 300)), pytest.approx((360, 300))]
     p = load_profile({"base": "cpu-gloo", "small_collective_bands": bands})
     assert collective_ms("all_gather", 1024, 2, p) == pytest.approx(0.30)
     assert collective_ms("all_reduce", 1024, 2, p) == pytest.approx(0.60)
     plain = load_profile("cpu-gloo")
     assert collective_ms("all_gather", 1 << 20, 2, p) == collective_ms("all_gather", 1 << 20, 2, plain)
+
+
+SAMPLES = {("all_gather", 1024): [0.30, 0.32, 0.34], ("all_gather", 4096): [0.26, 0.28, 0.30],
+           ("all_gather", 16384): [0.22, 0.24, 0.40],
+           ("all_reduce", 1024): [0.50, 0.52, 0.54], ("all_reduce", 4096): [0.55, 0.57, 0.59],
+           ("all_reduce", 16384): [0.60, 0.62, 0.64],
+           ("reduce_scatter", 1024): [0.56, 0.58, 0.60], ("reduce_scatter", 4096): [0.61, 0.63, 0.65],
+           ("reduce_scatter", 16384): [0.60, 0.62, 0.64]}
+
+
+def _median_cal(samples):
+    cal = Calibration()
+    for (op, nbytes), times in samples.items():
+        cal.add_collective(op, 2, nbytes, sorted(times)[len(times) // 2])
+    return cal
+
+
+def test_fit_pools_the_samples_of_sizes_that_measured_faster_than_smaller_ones():
+    bands = fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=SAMPLES)
+    # all-gather medians fall with size (0.32, 0.28, 0.24): 1024 and 4096 pool (0.26 .. 0.34, median 0.30), then
+    # 16384 joins them (median of the nine 0.22 .. 0.40 is 0.30): one-step time 0.30 ms at every size, where the
+    # smallest-median-at-or-above rule would price all three at the luckiest median, 0.24 ms.  Two-step times,
+    # the median of each size's all-reduce and reduce-scatter samples pooled: 0.55, 0.60, 0.62 ms, non-decreasing.
+    # call = t1, step = t2 - t1
+    assert bands == (pytest.approx((1024, 300, 250)), pytest.approx((4096, 300, 300)),
+                     pytest.approx((16384, 300, 320)))
+    # the same sweep's medians alone (one sample an op): t1 0.32, 0.28, 0.24 pool to median 0.28 at every size;
+    # t2 median(0.52, 0.58) = 0.55, median(0.57, 0.63) = 0.60, median(0.62, 0.62) = 0.62
+    assert fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536) == (
+        pytest.approx((1024, 280, 270)), pytest.approx((4096, 280, 320)), pytest.approx((16384, 280, 340)))
+    # op keys may be CollectiveOp members
+    keyed = {(CollectiveOp(op), nbytes): times for (op, nbytes), times in SAMPLES.items()}
+    assert fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=keyed) == bands
+
+
+@pytest.mark.parametrize("samples", [
+    [1, 2],  # not a mapping
+    {("all_gather", 1024): []},
+    {("all_gather", 1024): [0.3, -0.1]},
+    {("all_gather", 1024): [float("nan")]},
+    {("all_gather", 1024): "0.3"},
+    {"all_gather": [0.3]},
+    {("all_gather", 1024.0): [0.3]},
+    {k: v for k, v in SAMPLES.items() if k != ("reduce_scatter", 4096)},  # a point of the fit missing
+])
+def test_fit_bad_samples_are_value_errors_naming_them(samples):
+    with pytest.raises(ValueError, match="samples"):
+        fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=samples)
 
 
 def test_fit_edge_cases_hand_computed():
