@@ -32,14 +32,13 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import Optional, Union
 
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
 
 __all__ = ["fit_small_collective_bands"]
 
-Samples = Mapping[tuple[Union[CollectiveOp, str], int], Sequence[float]]
+Samples = Mapping[tuple[CollectiveOp | str, int], Sequence[float]]
 
 
 def _samples_table(samples: Samples) -> dict[tuple[str, int], list[float]]:
@@ -79,7 +78,7 @@ def fit_small_collective_bands(
     group_size: int,
     max_bytes: int,
     collective_library: str = "gloo",
-    samples: Optional[Samples] = None,
+    samples: Samples | None = None,
 ) -> tuple[tuple[int, float, float], ...]:
     """Bands ``(max_bytes, call_us, step_us)``, one per size up to ``max_bytes`` at which ``calibration`` has
     an all-gather and an all-reduce (or, on gloo, a reduce-scatter) for ``group_size`` ranks; see the module
