@@ -10,11 +10,11 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
-    flat  = view(cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])   # a copy per member, placed with it
+    flat  = view(bucket_cat([reshape(g_i, [n, numel_i / n]) ...], 1), [-1])   # a copy per member, placed with it
     out   = wait_tensor(reduce_scatter_tensor(flat, op, n, group))
     r_i   = view(split_with_sizes(out, [numel_i / n ...])[i], shard_shape_i)
 
-All-reduces: ``cat`` of flattened inputs, one ``all_reduce``, pieces viewed back.
+All-reduces: ``bucket_cat`` of flattened inputs, one ``all_reduce``, pieces viewed back.
 
 Every element travels the same way as in the unbucketed graph (same ranks, same reduction), so results are
 bitwise equal.  Members' payloads are laid out in their original graph order.
@@ -462,6 +462,30 @@ def _(members: list[torch.Tensor]) -> torch.Tensor:
     return members[0].new_empty(sum(m.numel() for m in members))
 
 
+@torch.library.custom_op("fsdp_passes::copy_into_slot", mutates_args=("out",))
+def copy_into_slot(src: torch.Tensor, out: torch.Tensor) -> None:
+    """``out`` (a slice of a reduction bucket, ``src``'s shape) := ``src``."""
+    out.copy_(src)
+
+
+@torch.library.custom_op("fsdp_passes::bucket_cat", mutates_args=())
+def bucket_cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """A reduction bucket's input: ``torch.cat(tensors, dim)``.
+
+    An op of its own so that Inductor can lower it apart from other concatenations (``fsdp_passes.inductor``):
+    as its ``cat``, each input is written into its slice of one buffer, placed with that input (so the
+    peak-memory reordering leaves each gradient's matmul where it is), and an input still to be computed (a
+    cast to ``reduce_dtype``) is computed straight into its slice; but an input that already is a buffer (a
+    matmul's gradient, a reduction, a graph input) is copied by an extern kernel (``copy_into_slot``) rather
+    than a generated copy kernel (on CPU a C++ library per distinct one)."""
+    return torch.cat(tensors, dim)
+
+
+@bucket_cat.register_fake
+def _(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    return torch.cat(tensors, dim)
+
+
 @torch.library.custom_op("fsdp_passes::copy_out_members_into", mutates_args=("out",))
 def copy_out_members_into(gathered: torch.Tensor, numels: Sequence[int], out: torch.Tensor) -> None:
     """``out`` (flat, ``gathered.numel()`` elements) := ``copy_out_members(gathered, numels)``."""
@@ -541,12 +565,13 @@ def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.No
     # a concatenation, not copy_in_members: each gradient is copied into the bucket by a kernel placed with
     # it (a cast to reduce_dtype computed inside that copy), so Inductor's peak-memory reordering keeps the
     # gradients' matmuls where they are; read whole by one op at the end, they were all moved there, with
-    # the bucket's issue (a 2-block Qwen2 backward: both reduce-scatters exposed at the end)
+    # the bucket's issue (a 2-block Qwen2 backward: both reduce-scatters exposed at the end).  bucket_cat:
+    # the copies of buffers are extern kernels (see bucket_cat)
     rows = [em.call(aten.view.default if x.meta["val"].is_contiguous() else aten.reshape.default,
                     (x, [n, _numel(x) // n]), made, c) for x, c in zip(inputs, colls)]
     sizes = [_numel(x) // n for x in inputs]
     total = sum(sizes)
-    cat = em.fresh(aten.cat.default, (rows, 1), [n, total], v0, made, like)
+    cat = em.fresh(torch.ops.fsdp_passes.bucket_cat.default, (rows, 1), [n, total], v0, made, like)
     flat = em.call(aten.view.default, (cat, [-1]), made, like)
     coll = em.fresh(c10d.reduce_scatter_tensor.default, (flat, reduce_op, group_size, group_name), [total], v0, made,
                     like, role="collective")
@@ -560,7 +585,7 @@ def _emit_all_reduce(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     v0 = inputs[0].meta["val"]
     flats = [_flat(em, x, made, c) for x, c in zip(inputs, colls)]  # a concatenation, as for reduce-scatters
     sizes = [_numel(x) for x in inputs]
-    cat = em.fresh(aten.cat.default, (flats,), [sum(sizes)], v0, made, like)
+    cat = em.fresh(torch.ops.fsdp_passes.bucket_cat.default, (flats, 0), [sum(sizes)], v0, made, like)
     coll = em.fresh(c10d.all_reduce.default, (cat, reduce_op, group_name), [sum(sizes)], v0, made, like,
                     role="collective")
     wait = _wait(em, coll, made, like)
@@ -577,5 +602,5 @@ def _split_back(em: _Emitter, flat: fx.Node, sizes: list[int], waits, made, like
     return outs
 
 
-__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "copy_in_members", "copy_in_members_into",
-           "copy_out_members", "copy_out_members_into"]
+__all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "bucket_cat", "copy_in_members",
+           "copy_in_members_into", "copy_into_slot", "copy_out_members", "copy_out_members_into"]

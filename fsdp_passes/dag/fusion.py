@@ -35,9 +35,11 @@ DAG of the same graph gets after Inductor's fusion:
   joins them (a producer with a consumer that also waits for a matmul; kernels of two layers reading one
   buffer: horizontal fusion) or both reduce, to outputs of different sizes (a weight's gradient, summed over
   rows, stays apart from a normalisation's backward, summed over each row);
-- a concatenation (a reduction bucket's copy-in) is Inductor's ``ConcatKernel`` on CPU: each input is written into
-  its slice of the result by its own kernel (fused with the input's producer when that is a pointwise op
-  only the concatenation reads), and the result is allocated once by a node that runs no kernel.
+- a concatenation is Inductor's ``ConcatKernel`` on CPU: each input is written into its slice of the result by
+  its own kernel (fused with the input's producer when that is a pointwise op only the concatenation reads),
+  and the result is allocated once by a node that runs no kernel.  A reduction bucket's ``bucket_cat`` is
+  that on every device, with an input that already is a buffer (a graph input, an extern kernel's, a
+  reduction's or a scatter's result) copied by an extern kernel.
 
 A fused kernel moves its external inputs (the bytes it reads of each buffer, at most the buffer) and the
 outputs read outside it or returned by the graph; only those outputs are allocated (a realised member read only
@@ -357,7 +359,8 @@ def copy_fuses_with_producer(dag: Dag, i: int) -> bool:
     collective's input) runs inside the kernel computing that input: true when the input is, through views, a pointwise op
     (a cast to the reduction's dtype) that nothing else reads, which Inductor computes straight into its
     slice of the concatenation; the merge then adds no kernel for it.  A graph input (a parameter's shard
-    itself) or the result of an extern kernel or a reduction is copied by a kernel of its own."""
+    itself) or the result of an extern kernel or a reduction is copied by a kernel of its own (an extern
+    kernel, ``bucket_cat``'s ``copy_into_slot``)."""
     origin = dag.nodes[i].origin
     if not isinstance(origin, fx.Node) or not origin.args or not isinstance(origin.args[0], fx.Node):
         return False
@@ -429,7 +432,7 @@ def predict_kernels(dag: Dag) -> Dag:
             kind = _COMM if node.kind is not NodeKind.COMPUTE else _EXTERN
         else:
             namespace, base = _base_op(node)
-            if base == "cat" and _device_type(node) == "cpu":
+            if base == "bucket_cat" or base == "cat" and _device_type(node) == "cpu":
                 kind = _NOP
             elif _lowered_scatter(node):
                 kind, scatter = _FUSABLE, True
@@ -489,12 +492,18 @@ def predict_kernels(dag: Dag) -> Dag:
             # ConcatKernel: a copy unit per input writes that input's bytes into the result's slice
             copies = []
             cat_dim = origin.args[1] if len(origin.args) > 1 else origin.kwargs.get("dim", 0)
+            bucket_cat = _base_op(node)[1] == "bucket_cat"
             for a in origin.args[0] if origin.args and isinstance(origin.args[0], (list, tuple)) else []:
                 if not isinstance(a, fx.Node):
                     continue
                 r = read_of(a)
                 src_unit = r[0]
-                c = _Unit(kind=_FUSABLE, members=[], pos=i - 0.5, writes_into=r[2], outer_loop=_slice_outer_loop(a, cat_dim))
+                # a bucket_cat copies a buffer (a graph input, an extern kernel's or a reduction's result, a
+                # scatter's) by an extern kernel; a pointwise op it reads is computed into the slice
+                extern = bucket_cat and (src_unit is None or units[src_unit].kind is not _FUSABLE
+                                         or units[src_unit].scatter or not units[src_unit].inlinable)
+                c = _Unit(kind=_EXTERN if extern else _FUSABLE, members=[], pos=i - 0.5, writes_into=r[2],
+                          outer_loop=_slice_outer_loop(a, cat_dim))
                 c.reads.append(r)
                 if src_unit is not None:
                     c.preds.append(src_unit)
@@ -858,7 +867,7 @@ def _contract(dag: Dag, units: list[_Unit], succs: list[list[int]], groups: _Gro
     for r in order:
         members = sorted(group_members[r], key=lambda v: units[v].pos)
         head = units[members[0]]
-        if head.kind in (_COMM, _EXTERN) and len(members) == 1:
+        if head.kind in (_COMM, _EXTERN) and len(members) == 1 and head.members:
             src = nodes[head.members[0]]
             node = DagNode(**{k: getattr(src, k) for k in src.__dataclass_fields__})
             node.input_reads = dict(src.input_reads)

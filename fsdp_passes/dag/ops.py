@@ -19,7 +19,7 @@ PASS_THROUGH_OPS = frozenset({
     "convert_element_type", "_to_copy", "view", "reshape", "_unsafe_view", "clone", "t", "permute",
     "alias", "contiguous", "expand", "squeeze", "unsqueeze", "slice", "split", "split_with_sizes",
     "getitem", "detach", "as_strided", "view_as_real", "view_as_complex", "flatten", "copy",
-    "cat", "copy_in_members",  # a bucket's copy-in: the concatenated shards are still parameter shards
+    "cat", "copy_in_members", "bucket_cat",  # a bucket's copy-in: the concatenated shards are still parameter shards
     "constant_pad_nd",  # an uneven DTensor shard padded to the group's largest before its gather
 })
 

@@ -28,10 +28,10 @@ between two collectives is the larger of
 
 and a merged bucket adds its copy kernels to the compute stream (a gather: one kernel copying every member's
 shard in before the issue and one copying all members out before the first use of any, ``bucketing.rewrite``'s
-``copy_in_members`` and ``copy_out_members``; a reduction: each member copied in, the reduced shards are
-views).  A reduction member whose input is computed for it alone by pointwise ops (a cast of a gradient to
-``reduce_dtype``) has no copy of its own: Inductor computes that input straight into the merged buffer
-(``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs.  ``CandidateScore.copy_ms`` is what
+``copy_in_members`` and ``copy_out_members``; a reduction: each member copied into its slice of a
+``bucket_cat``, the reduced shards are views).  A reduction member whose input is computed for it alone by
+pointwise ops (a cast of a gradient to ``reduce_dtype``) has no copy of its own: Inductor computes that input
+straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs.  ``CandidateScore.copy_ms`` is what
 the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each

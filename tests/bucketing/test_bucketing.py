@@ -216,8 +216,9 @@ def test_merged_collective_placement(mlp_graphs):
     assert order.index(wait.name) < min(order.index(u) for u in consumers)
     # nothing but the copy-in sits between the last input and the collective
     between = order[max(order.index(x) for x in inputs) + 1 : order.index(coll.name)]
-    assert all(n.startswith(("reshape", "cat", "view")) for n in between), between
-    assert coll.args[0].target is torch.ops.aten.view.default and coll.args[0].args[0].target is torch.ops.aten.cat.default
+    assert all(n.startswith(("reshape", "bucket_cat", "view")) for n in between), between
+    assert (coll.args[0].target is torch.ops.aten.view.default
+            and coll.args[0].args[0].target is torch.ops.fsdp_passes.bucket_cat.default)
 
 
 # -- auto -------------------------------------------------------------------------------------------------------
