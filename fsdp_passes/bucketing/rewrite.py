@@ -7,6 +7,7 @@ Per bucket of all-gathers (dim-0 gathers of shards ``s_i``, group size ``n``)::
     mm    = copy_out_members(out, numels)                  # one extern op: member i's [n, numel_i] columns
                                                            # copied out, member after member
     p_i   = view(split_with_sizes(mm, n * numels)[i], full_shape_i)   # rank-major, like dim-0 gathering
+                                                           # (a 1-D member: copy_in_members([...]) first)
 
 Per bucket of reduce-scatters (inputs ``g_i`` of shape ``[n * k_i, ...]``)::
 
@@ -534,6 +535,17 @@ def _wait(em: _Emitter, coll: fx.Node, made: list, like: fx.Node) -> fx.Node:
     return em.fresh(c10d.wait_tensor.default, (coll,), list(v.shape), v, made, like)
 
 
+def gathered_into_own_buffer(collective: Any) -> bool:
+    """Whether a merged all-gather copies this member (an all-gather node of the graph) out of the bucket into
+    a buffer of its own (one extern ``copy_in_members``) rather than giving its readers a view: a 1-D member
+    (a norm weight, a bias) is read by generated kernels, which would bake its offset in the bucket into their
+    code, a different kernel source per bucket layout and a C++ compile each (8 Mistral layers: 48 distinct
+    sources against 23 without the passes, 33 with this copy); matmuls read a view at any offset.  False for
+    anything but a graph node with a value (a hand-built DAG's origin)."""
+    val = collective.meta.get("val") if isinstance(collective, fx.Node) else None
+    return isinstance(val, torch.Tensor) and val.dim() == 1
+
+
 def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     _, group_size, group_name = colls[0].args[:3]
     n = int(group_size)
@@ -553,8 +565,12 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
         out = wait
     parts = em.call(aten.split_with_sizes.default, (out, [n * k for k in sizes]), made, like)
     pieces = [em.getitem(parts, i, made, w) for i, w in enumerate(waits)]
-    return [em.call(aten.view.default, (p, list(w.meta["val"].shape)), made, w, custom=True)
-            for p, w in zip(pieces, waits)]
+    outs = []
+    for p, c, w in zip(pieces, colls, waits):
+        if gathered_into_own_buffer(c):
+            p = em.fresh(torch.ops.fsdp_passes.copy_in_members.default, ([p],), [sizes[len(outs)] * n], v0, made, w)
+        outs.append(em.call(aten.view.default, (p, list(w.meta["val"].shape)), made, w, custom=True))
+    return outs
 
 
 def _emit_reduce_scatter(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
@@ -603,4 +619,5 @@ def _split_back(em: _Emitter, flat: fx.Node, sizes: list[int], waits, made, like
 
 
 __all__ = ["BUCKET_META_KEY", "RewriteStats", "apply_buckets", "bucket_cat", "copy_in_members",
-           "copy_in_members_into", "copy_into_slot", "copy_out_members", "copy_out_members_into"]
+           "copy_in_members_into", "copy_into_slot", "copy_out_members", "copy_out_members_into",
+           "gathered_into_own_buffer"]

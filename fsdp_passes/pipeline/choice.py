@@ -68,6 +68,7 @@ from typing import Any, Mapping
 
 from ..bucketing.blocks import plan_per_block, plan_unmerged
 from ..bucketing.plan import BucketPlanResult, CollectiveSurvey
+from ..bucketing.rewrite import gathered_into_own_buffer
 from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp, Dag
 from ..dag.fusion import copy_fuses_with_producer
@@ -258,9 +259,11 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
         shard = max(first.group_size or 1, 1)
         if is_gather:
             # a merged gather: the members' shards copied in by one kernel; every member copied out of the
-            # merged buffer by one kernel, before the first use of any of them
+            # merged buffer by one kernel, before the first use of any of them, and a 1-D member once more into a
+            # buffer of its own (bucketing.rewrite.gathered_into_own_buffer)
             copy_in.append(copy_ms(total / shard) if merged else 0.0)
-            copy_out.append(copy_ms(total) if merged else 0.0)
+            own = [m for m in members if gathered_into_own_buffer(dag.nodes[m].origin)] if merged else []
+            copy_out.append((copy_ms(total) + sum(copy_ms(dag.nodes[m].comm_bytes) for m in own)) if merged else 0.0)
         else:
             # a merged reduction: each member copied into the flat input, unless a pointwise kernel computes
             # its input for it alone (a cast to reduce_dtype): computed straight into the flat input, that
