@@ -566,9 +566,9 @@ def _emit_all_gather(em: _Emitter, colls, waits, inputs, made) -> list[fx.Node]:
     parts = em.call(aten.split_with_sizes.default, (out, [n * k for k in sizes]), made, like)
     pieces = [em.getitem(parts, i, made, w) for i, w in enumerate(waits)]
     outs = []
-    for p, c, w in zip(pieces, colls, waits):
+    for p, c, w, k in zip(pieces, colls, waits, sizes):
         if gathered_into_own_buffer(c):
-            p = em.fresh(torch.ops.fsdp_passes.copy_in_members.default, ([p],), [sizes[len(outs)] * n], v0, made, w)
+            p = em.fresh(torch.ops.fsdp_passes.copy_in_members.default, ([p],), [n * k], v0, made, w)
         outs.append(em.call(aten.view.default, (p, list(w.meta["val"].shape)), made, w, custom=True))
     return outs
 

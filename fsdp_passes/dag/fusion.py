@@ -356,9 +356,9 @@ class _Groups:
 
 def copy_fuses_with_producer(dag: Dag, i: int) -> bool:
     """Whether a concatenation's copy of node ``i``'s first input (a reduction bucket's copy-in of a
-    collective's input) runs inside the kernel computing that input: true when the input is, through views, a pointwise op
-    (a cast to the reduction's dtype) that nothing else reads, which Inductor computes straight into its
-    slice of the concatenation; the merge then adds no kernel for it.  A graph input (a parameter's shard
+    collective's input) runs inside the kernel computing that input: true when the input is, through views,
+    a pointwise op (a cast to the reduction's dtype) that nothing else reads, which Inductor computes straight
+    into its slice of the concatenation; the merge then adds no kernel for it.  A graph input (a parameter's shard
     itself) or the result of an extern kernel or a reduction is copied by a kernel of its own (an extern
     kernel, ``bucket_cat``'s ``copy_into_slot``)."""
     origin = dag.nodes[i].origin

@@ -31,8 +31,8 @@ shard in before the issue and one copying all members out before the first use o
 ``copy_in_members`` and ``copy_out_members``; a reduction: each member copied into its slice of a
 ``bucket_cat``, the reduced shards are views).  A reduction member whose input is computed for it alone by
 pointwise ops (a cast of a gradient to ``reduce_dtype``) has no copy of its own: Inductor computes that input
-straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs.  ``CandidateScore.copy_ms`` is what
-the copies add.  So the score weighs what bucketing trades: a latency saved
+straight into the merged buffer (``dag.fusion.copy_fuses_with_producer``), a kernel every candidate runs.
+``CandidateScore.copy_ms`` is what the copies add.  So the score weighs what bucketing trades: a latency saved
 per merged collective against the copies it adds and a larger first (gathers) or last (reductions) bucket that
 nothing hides.  What overlapping costs (``CostModel.overlap_costs``, as in the simulator) applies too: each
 issue holds the compute stream for the profile's issue time, and compute runs slower while a collective is in
@@ -261,9 +261,9 @@ def score_plan(dag: Dag, plan: BucketPlanResult, options: Any, cost_model: Any, 
             # a merged gather: the members' shards copied in by one kernel; every member copied out of the
             # merged buffer by one kernel, before the first use of any of them, and a 1-D member once more into a
             # buffer of its own (bucketing.rewrite.gathered_into_own_buffer)
+            own = [m for m in members if gathered_into_own_buffer(dag.nodes[m].origin)]
             copy_in.append(copy_ms(total / shard) if merged else 0.0)
-            own = [m for m in members if gathered_into_own_buffer(dag.nodes[m].origin)] if merged else []
-            copy_out.append((copy_ms(total) + sum(copy_ms(dag.nodes[m].comm_bytes) for m in own)) if merged else 0.0)
+            copy_out.append(copy_ms(total) + sum(copy_ms(dag.nodes[m].comm_bytes) for m in own) if merged else 0.0)
         else:
             # a merged reduction: each member copied into the flat input, unless a pointwise kernel computes
             # its input for it alone (a cast to reduce_dtype): computed straight into the flat input, that
