@@ -97,6 +97,10 @@ class DagNode:
     # ``out_bytes``, the rest to ``non_owning_bytes``).  Empty: one buffer of ``out_bytes`` that every
     # successor reads
     output_buffers: tuple[OutputBuffer, ...] = ()
+    # nodes sharing this number are emitted as one generated kernel while they stay next to each other
+    # (Inductor's C++ backend writes a run of consecutive compute nodes as one function); a node placed
+    # between them splits it into kernels of their own, each compiled.  None: a kernel of its own
+    kernel_group: int | None = None
     origin: Any = field(default=None, repr=False, compare=False)  # fx.Node or scheduler node
 
     def __copy__(self) -> "DagNode":

@@ -300,6 +300,7 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
             # a buffer computed inside its kernel is neither allocated nor written to memory
             node.out_bytes = sum(b.nbytes for b in node.output_buffers if b.allocated)
             node.non_owning_bytes = sum(b.nbytes for b in node.output_buffers if not b.allocated)
+    _mark_kernel_groups(snodes, nodes)
     dag = Dag(nodes, edges, _graph_input_bytes())
     # FSDP-like by the same rule as the FX view; a (fused) kernel passes values through when every op it
     # was made from does.  Worked out when asked: mark_fsdp asks only about nodes next to collectives, and
@@ -314,6 +315,41 @@ def dag_from_scheduler_nodes(snodes: Sequence[BaseSchedulerNode], graph_outputs:
 
     mark_fsdp(dag, passes_through, scaling=scales)
     return dag
+
+
+def _writes_shared_kernel(snode: Any) -> bool:
+    """Whether Inductor's code generation adds ``snode`` to the kernel it is writing instead of closing it:
+    the C++ backend writes consecutive compute nodes as one function and closes it at an extern kernel
+    (a collective, a wait, a library call) or a template; the GPU backends write a kernel per node."""
+    if snode.is_extern() or snode.is_template():
+        return False
+    device = snode.get_device()
+    return device is not None and device.type == "cpu" and inductor_config.cpu_backend == "cpp"
+
+
+def _mark_kernel_groups(snodes: Sequence[BaseSchedulerNode], nodes: list[DagNode]) -> None:
+    """Number the runs of consecutive nodes emitted as one kernel in the given order (``DagNode.kernel_group``);
+    a node generating no code (a concatenation's ``NopKernel``) neither closes a run nor counts in it."""
+    run: list[int] = []
+    groups = 0
+
+    def close() -> None:
+        nonlocal groups
+        if sum(nodes[i].launches_kernel for i in run) > 1:
+            for i in run:
+                nodes[i].kernel_group = groups
+            groups += 1
+        run.clear()
+
+    for i, snode in enumerate(snodes):
+        if isinstance(snode, NopKernelSchedulerNode):
+            if run:
+                run.append(i)
+        elif _writes_shared_kernel(snode):
+            run.append(i)
+        else:
+            close()
+    close()
 
 
 def _output_buffers(snode: Any, buffers: list[Any], readers: dict[str, set[int]], nodes: list[DagNode],

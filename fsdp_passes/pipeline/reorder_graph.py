@@ -47,6 +47,8 @@ def plan_graph_order(dag: Dag, durations: list[float], options: Options, report:
                         overlap=overlap)
     report.collectives_moved = result.moved
     report.extra["reasons"] = {dag.nodes[i].name: why for i, why in enumerate(result.reasons) if why}
+    if result.regrouped:
+        report.extra["kernel_groups_made_whole"] = result.regrouped
     if result.fallback:
         report.extra["reorder_fallback"] = result.fallback
     return list(result.order)

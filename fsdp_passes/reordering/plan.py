@@ -11,6 +11,7 @@ from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag
 from ..simulate import OverlapCosts, check_order, exposed_and_makespan, simulate
 from ..simulate.memory import MemoryModel
+from .kernel_groups import keep_kernel_groups_whole
 from .scheduler import InternalError, ListScheduler, ScheduleOutcome
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure, as_durations
 
@@ -52,6 +53,8 @@ class ReorderResult:
     pulled: compute nodes run ahead of a lower-numbered one that was waiting on a collective.
     hoisted: compute nodes run ahead of the frontier because they feed a collective prefetched right after.
     passes: scheduling passes run (more than one when a pass overshot the memory limit and was redone).
+    regrouped: kernel groups (``DagNode.kernel_group``) the pass had split and ``order`` has whole again
+        (``keep_kernel_groups_whole``); ``predicted`` is of the pass's order before that.
     notes: what happened along the way (for logs).
     """
 
@@ -70,6 +73,7 @@ class ReorderResult:
     pulled: int = 0
     hoisted: int = 0
     passes: int = 0
+    regrouped: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -85,6 +89,7 @@ class ReorderResult:
             "changed": self.changed,
             "fallback": self.fallback,
             "passes": self.passes,
+            "regrouped": self.regrouped,
             "baseline_peak_bytes": self.baseline_peak,
             "memory_limit_bytes": self.memory_limit,
             "max_prefetch": self.max_prefetch,
@@ -191,7 +196,7 @@ def plan_order(
     except InternalError as e:  # pragma: no cover - invariant breach; keep the graph's own order
         return keep_original(f"scheduler error: {e}", passes)
 
-    chosen: Optional[tuple[ScheduleOutcome, OrderStats]] = None
+    chosen: Optional[tuple[ScheduleOutcome, list[int], int, OrderStats]] = None
     rejected: list[str] = []
     for label, outcome in tried + [("conservative", None)]:  # type: ignore[list-item]
         if outcome is None:
@@ -202,26 +207,36 @@ def plan_order(
                 rejected.append(f"conservative pass failed: {e}")
                 continue
             passes += 1
-        problems = dag.order_violations(outcome.order, limit=1)
-        if problems:  # pragma: no cover - would be a scheduler bug
-            rejected.append(f"{label} order invalid: {problems[0]}")
-            continue
-        after = _stats(dag, outcome.order, dur, s, max(mm.curve(outcome.order), default=0), overlap)
-        if after.peak_bytes > limit:
-            rejected.append(f"{label} order peaks at {after.peak_bytes} B > limit {limit} B")
-        elif after.exposed_ms > before.exposed_ms:
-            rejected.append(f"{label} order exposes {after.exposed_ms:.6g} ms > original {before.exposed_ms:.6g} ms")
-        elif after.makespan_ms > before.makespan_ms:
-            rejected.append(f"{label} order takes {after.makespan_ms:.6g} ms > original {before.makespan_ms:.6g} ms")
-        else:
-            chosen = (outcome, after)
+        regrouped_order, regrouped = keep_kernel_groups_whole(
+            dag, outcome.order, fits=lambda order: max(mm.curve(order), default=0) <= limit)
+        candidates = [(outcome.order, 0)]
+        if regrouped:  # the same order with its kernels whole first; as planned if that misses a check
+            candidates.insert(0, (regrouped_order, regrouped))
+        for order, regrouped in candidates:
+            name = f"{label} order" + (f" with {regrouped} kernel group(s) made whole" if regrouped else "")
+            problems = dag.order_violations(order, limit=1)
+            if problems:  # pragma: no cover - would be a scheduler bug
+                rejected.append(f"{name} invalid: {problems[0]}")
+                continue
+            after = _stats(dag, order, dur, s, max(mm.curve(order), default=0), overlap)
+            if after.peak_bytes > limit:
+                rejected.append(f"{name} peaks at {after.peak_bytes} B > limit {limit} B")
+            elif after.exposed_ms > before.exposed_ms:
+                rejected.append(f"{name} exposes {after.exposed_ms:.6g} ms > original {before.exposed_ms:.6g} ms")
+            elif after.makespan_ms > before.makespan_ms:
+                rejected.append(f"{name} takes {after.makespan_ms:.6g} ms > original {before.makespan_ms:.6g} ms")
+            else:
+                chosen = (outcome, order, regrouped, after)
+                break
+        if chosen is not None:
             break
     notes.extend(rejected)
     if chosen is None:
         return keep_original("; ".join(rejected) or "no better order found", passes)
 
-    outcome, after = chosen
-    result = _result(s, outcome, before, after, base_peak, limit, max_prefetch, passes, notes)
+    outcome, order, regrouped, after = chosen
+    result = _result(s, outcome, order, before, after, base_peak, limit, max_prefetch, passes, notes)
+    result.regrouped = regrouped
     if log.isEnabledFor(logging.DEBUG):
         log.debug("reordering: %s", result.summary())
         for line in result.describe(dag):
@@ -232,6 +247,7 @@ def plan_order(
 def _result(
     s: Structure,
     outcome: ScheduleOutcome,
+    order: list[int],
     before: OrderStats,
     after: OrderStats,
     base_peak: int,
@@ -241,7 +257,6 @@ def _result(
     notes: list[str],
 ) -> ReorderResult:
     n = s.n
-    order = outcome.order
     kind = s.kind
     planned_before = [0] * n
     count = 0

@@ -178,7 +178,7 @@ def test_dag_node_copy_is_shallow_and_keeps_every_field():
               "alias_of": 3, "collective_of": 2, "is_output": True, "fsdp": True, "module_fqn": "layers.0",
               "param_fqn": "layers.0.w", "kernel_key": "k", "launches_kernel": False, "input_reads": {"x": 4},
               "non_owning_bytes": 5, "graph_output_bytes": 6, "output_buffers": (OutputBuffer(nbytes=64, readers=("mm",)),),
-              "origin": origin}
+              "kernel_group": 7, "origin": origin}
     # every field is set to a value other than its default, so a field the copy dropped would show
     assert set(values) == {f.name for f in dataclasses.fields(DagNode)}
     node = DagNode(**values)
