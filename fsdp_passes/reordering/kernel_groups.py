@@ -5,9 +5,9 @@ generated kernel while they stay next to each other.  A collective issued, or wa
 splits that kernel into two new ones, and a layer whose kernel is split differently from its neighbours' no
 longer reuses their code: the compile gains a kernel of its own to build.  The scheduling pass places
 collectives (and compute it runs ahead) between compute nodes without knowing this;
-``keep_kernel_groups_whole`` then moves what it put inside a group out to one side of it, as far as the
-memory limit allows.  The caller checks the result against the original order's times, as it checks the
-pass's own order.
+``keep_kernel_groups_whole`` then moves what it put inside a group out to one side of it where the caller's
+``fits`` accepts the result (``plan_order``: within the memory limit, exposing and taking no more simulated
+time than the pass's own order: a whole kernel is worth no slower step).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..dag.gc_pause import collector_paused
 from ..dag.graph import Dag
@@ -208,7 +208,7 @@ def plan_order(
                 continue
             passes += 1
         regrouped_order, regrouped = keep_kernel_groups_whole(
-            dag, outcome.order, fits=lambda order: max(mm.curve(order), default=0) <= limit)
+            dag, outcome.order, fits=_no_worse(dag, outcome.order, dur, s, mm, limit, overlap))
         candidates = [(outcome.order, 0)]
         if regrouped:  # the same order with its kernels whole first; as planned if that misses a check
             candidates.insert(0, (regrouped_order, regrouped))
@@ -307,6 +307,21 @@ def _result(
         wait_shift=wait_shift, pulled=outcome.pulled,
         hoisted=outcome.hoisted, passes=passes, notes=notes,
     )
+
+
+def _no_worse(dag: Dag, planned: list[int], dur: list[float], s: Structure, mm: MemoryModel, limit: int,
+              overlap: Optional[OverlapCosts]) -> Callable[[list[int]], bool]:
+    """Whether an order keeps the memory limit and exposes and takes no more (simulated) than ``planned``:
+    what a kernel group made whole may cost (nothing)."""
+    exposed, makespan = exposed_and_makespan(dag, planned, dur, s.coll_of, overlap, s.group)
+
+    def fits(order: list[int]) -> bool:
+        if max(mm.curve(order), default=0) > limit:
+            return False
+        e, m = exposed_and_makespan(dag, order, dur, s.coll_of, overlap, s.group)
+        return e <= exposed and m <= makespan
+
+    return fits
 
 
 def _stats(dag: Dag, order: list[int], dur: list[float], s: Structure, peak: int,

@@ -100,35 +100,52 @@ def test_an_arrangement_that_would_reorder_a_process_groups_collectives_is_skipp
     assert len(refused) == 1
 
 
-def test_plan_order_keeps_a_group_whole_that_the_scheduling_pass_splits():
-    """The same DAG planned without and with the groups marked: the pass alone issues the next block's
-    all-gather inside a group (right where the last reader of the gathered weight frees it); with the marks
-    every group is whole, within the memory limit and no slower than the original order."""
-    def build(marked: bool) -> DagBuilder:
-        b = DagBuilder()
-        x = b.compute("x0", 0.1, out=10)
-        for i in range(3):
-            ag = b.coll(f"ag{i}", 2.0, out=100)
-            w = b.wait(f"ag{i}_wait", ag)
-            m = b.compute(f"mm{i}", 1.0, x, w, out=10)
-            p1 = b.compute(f"pw{i}a", 0.5, m, w, out=10)
-            x = b.compute(f"pw{i}b", 0.5, p1, out=10)
-            if marked:
-                _grouped(b, i, f"pw{i}a", f"pw{i}b")
-        b.compute("out", 0.1, x, out=10, output=True)
-        return b
+def _blocks(marked: bool, tail_ms: float) -> DagBuilder:
+    """Three blocks: gather, matmul, two pointwise kernels (one group when ``marked``), the first the last
+    reader of the gathered weight (so the memory limit lets the next gather start only after it), then
+    ``tail_ms`` of compute that needs no weight."""
+    b = DagBuilder()
+    x = b.compute("x0", 0.1, out=10)
+    for i in range(3):
+        ag = b.coll(f"ag{i}", 2.0, out=100)
+        w = b.wait(f"ag{i}_wait", ag)
+        m = b.compute(f"mm{i}", 1.0, x, w, out=10)
+        p1 = b.compute(f"pw{i}a", 0.5, m, w, out=10)
+        x = b.compute(f"pw{i}b", 0.5, p1, out=10)
+        x = b.compute(f"tail{i}", tail_ms, x, out=10)
+        if marked:
+            _grouped(b, i, f"pw{i}a", f"pw{i}b")
+    b.compute("out", 0.1, x, out=10, output=True)
+    return b
 
-    def whole(b: DagBuilder, order: list[int]) -> list[bool]:
-        names = _names(b, order)
-        return [names.index(f"pw{i}b") == names.index(f"pw{i}a") + 1 for i in range(3)]
 
-    plain = build(marked=False)
+def _whole(b: DagBuilder, order: list[int]) -> list[bool]:
+    names = _names(b, order)
+    return [names.index(f"pw{i}b") == names.index(f"pw{i}a") + 1 for i in range(3)]
+
+
+def test_plan_order_keeps_a_group_whole_that_the_scheduling_pass_splits_when_that_costs_nothing():
+    """Planned without the marks, the pass issues the next block's all-gather inside the group (where the
+    last reader of the gathered weight frees it); with them every group is whole, within the memory limit,
+    and the simulated step is the unmarked plan's (the block's tail hides the gather issued 0.5 ms later)."""
+    plain = _blocks(marked=False, tail_ms=3.0)
     unmarked = plan_order(plain.dag(), plain.durations, memory_budget_bytes=0)
-    assert whole(plain, unmarked.order) == [False, False, True], _names(plain, unmarked.order)
-    b = build(marked=True)
+    assert _whole(plain, unmarked.order) == [False, False, True], _names(plain, unmarked.order)
+    b = _blocks(marked=True, tail_ms=3.0)
     res = plan_order(b.dag(), b.durations, memory_budget_bytes=0)
     assert res.fallback is None and res.regrouped == 2
-    assert whole(b, res.order) == [True, True, True], _names(b, res.order)
-    assert res.after.exposed_ms <= res.before.exposed_ms and res.after.peak_bytes <= res.memory_limit
+    assert _whole(b, res.order) == [True, True, True], _names(b, res.order)
+    assert res.after.peak_bytes <= res.memory_limit and not b.dag().order_violations(res.order)
+    assert (res.after.exposed_ms, res.after.makespan_ms) <= (unmarked.after.exposed_ms, unmarked.after.makespan_ms)
     assert res.after.exposed_ms < res.before.exposed_ms  # still overlapping
-    assert not b.dag().order_violations(res.order)
+
+
+def test_plan_order_leaves_a_group_split_when_mending_it_would_slow_the_step():
+    """With a short tail the gather issued after the group would be exposed longer: the groups stay as the
+    pass split them and the order is the unmarked plan's."""
+    plain = _blocks(marked=False, tail_ms=0.1)
+    unmarked = plan_order(plain.dag(), plain.durations, memory_budget_bytes=0)
+    b = _blocks(marked=True, tail_ms=0.1)
+    res = plan_order(b.dag(), b.durations, memory_budget_bytes=0)
+    assert _whole(b, res.order) == [False, False, True]
+    assert (res.order, res.regrouped) == (unmarked.order, 0)
