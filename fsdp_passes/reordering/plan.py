@@ -312,14 +312,17 @@ def _result(
 def _no_worse(dag: Dag, planned: list[int], dur: list[float], s: Structure, mm: MemoryModel, limit: int,
               overlap: Optional[OverlapCosts]) -> Callable[[list[int]], bool]:
     """Whether an order keeps the memory limit and exposes and takes no more (simulated) than ``planned``:
-    what a kernel group made whole may cost (nothing)."""
-    exposed, makespan = exposed_and_makespan(dag, planned, dur, s.coll_of, overlap, s.group)
+    what a kernel group made whole may cost (nothing).  ``planned`` is simulated at the first question (a
+    graph without kernel groups asks none)."""
+    bound: list[tuple[float, float]] = []
 
     def fits(order: list[int]) -> bool:
         if max(mm.curve(order), default=0) > limit:
             return False
+        if not bound:
+            bound.append(exposed_and_makespan(dag, planned, dur, s.coll_of, overlap, s.group))
         e, m = exposed_and_makespan(dag, order, dur, s.coll_of, overlap, s.group)
-        return e <= exposed and m <= makespan
+        return e <= bound[0][0] and m <= bound[0][1]
 
     return fits
 
