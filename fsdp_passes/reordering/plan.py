@@ -207,28 +207,24 @@ def plan_order(
                 rejected.append(f"conservative pass failed: {e}")
                 continue
             passes += 1
-        regrouped_order, regrouped = keep_kernel_groups_whole(
+        # every group made whole passed ``_no_worse`` (within the limit, no slower than the pass's own order), so
+        # this order passes the checks below whenever the pass's own order would
+        order, regrouped = keep_kernel_groups_whole(
             dag, outcome.order, fits=_no_worse(dag, outcome.order, dur, s, mm, limit, overlap))
-        candidates = [(outcome.order, 0)]
-        if regrouped:  # the same order with its kernels whole first; as planned if that misses a check
-            candidates.insert(0, (regrouped_order, regrouped))
-        for order, regrouped in candidates:
-            name = f"{label} order" + (f" with {regrouped} kernel group(s) made whole" if regrouped else "")
-            problems = dag.order_violations(order, limit=1)
-            if problems:  # pragma: no cover - would be a scheduler bug
-                rejected.append(f"{name} invalid: {problems[0]}")
-                continue
-            after = _stats(dag, order, dur, s, max(mm.curve(order), default=0), overlap)
-            if after.peak_bytes > limit:
-                rejected.append(f"{name} peaks at {after.peak_bytes} B > limit {limit} B")
-            elif after.exposed_ms > before.exposed_ms:
-                rejected.append(f"{name} exposes {after.exposed_ms:.6g} ms > original {before.exposed_ms:.6g} ms")
-            elif after.makespan_ms > before.makespan_ms:
-                rejected.append(f"{name} takes {after.makespan_ms:.6g} ms > original {before.makespan_ms:.6g} ms")
-            else:
-                chosen = (outcome, order, regrouped, after)
-                break
-        if chosen is not None:
+        name = f"{label} order" + (f" with {regrouped} kernel group(s) made whole" if regrouped else "")
+        problems = dag.order_violations(order, limit=1)
+        if problems:  # pragma: no cover - would be a scheduler bug
+            rejected.append(f"{name} invalid: {problems[0]}")
+            continue
+        after = _stats(dag, order, dur, s, max(mm.curve(order), default=0), overlap)
+        if after.peak_bytes > limit:
+            rejected.append(f"{name} peaks at {after.peak_bytes} B > limit {limit} B")
+        elif after.exposed_ms > before.exposed_ms:
+            rejected.append(f"{name} exposes {after.exposed_ms:.6g} ms > original {before.exposed_ms:.6g} ms")
+        elif after.makespan_ms > before.makespan_ms:
+            rejected.append(f"{name} takes {after.makespan_ms:.6g} ms > original {before.makespan_ms:.6g} ms")
+        else:
+            chosen = (outcome, order, regrouped, after)
             break
     notes.extend(rejected)
     if chosen is None:
