@@ -7,7 +7,7 @@ Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespace
    reduce-scatter, all-reduce over sizes, in two independent passes (sizes up to the shaper's 256 KiB burst
    ``--sweep-iters-small`` samples each, larger ones ``--sweep-iters``).  The link profile's
    ``small_collective_bands`` (measured per-call and per-step prices up to the burst) are fitted to the first
-   pass's timed samples (``fit_small_collective_bands``); every size's prediction is compared with the second,
+   pass's timed samples (``fit_small_collectives``); every size's prediction is compared with the second,
    held-out pass: its median, and, where that misses by more than 15 %, its spread (within the held-out
    interquartile range, or between the two passes' medians: noise).  The uncalibrated link profile's
    prediction is reported too.
@@ -238,11 +238,10 @@ def _sweep(args: argparse.Namespace, cluster: dict) -> tuple[Any, dict, list[dic
     plan with and the measurement the link profile's small-collective terms are fitted to; the second
     (held-out) pass is what every prediction is compared with.  Returns the fit pass's table, the fitted
     cluster profile (a mapping) and one row per (op, size)."""
-    from fsdp_passes.cost_model import collective_ms, fit_small_collective_bands, load_profile
+    from fsdp_passes.cost_model import collective_ms, fit_small_collectives, load_profile
 
     fit_cal, fit_samples = _sweep_pass(args)
-    bands = fit_small_collective_bands(fit_cal, 2, BAND_MAX_BYTES, samples=fit_samples)
-    fitted = dict(cluster, small_collective_bands=[list(b) for b in bands])
+    fitted = dict(cluster, **fit_small_collectives(fit_cal, 2, BAND_MAX_BYTES, samples=fit_samples))
     _, held_samples = _sweep_pass(args)
     link, link_fitted = load_profile(cluster), load_profile(fitted)
     rows = []

@@ -1,30 +1,33 @@
-"""Fit a profile's ``small_collective_bands`` to a measured collective sweep.
+"""Fit a profile's small-collective prices to a measured collective sweep.
 
 Where small collectives do not follow the α–β line (a host's per-call cost and thread wake-ups, a traffic
 shaper whose burst lets small messages through faster than its rate), a profile can price them from
-measurement instead: one band per measured size up to ``max_bytes``, each the time of a call of one ring
-step (``call``, per-call cost and step together) and of every further step (``step``) (``profiles`` module
-docstring).  The fit reads a
-``Calibration`` (the per-size medians of a sweep, ``calibrate``) and, when given, every timed sample of each
-point (``samples``): at each size an all-gather takes ``k = n−1`` ring steps and an all-reduce ``2k`` (a gloo
-reduce-scatter is its all-reduce, an NCCL one takes an all-gather's ``k``), so
+measurement instead (``profiles`` module docstring): ``small_collective_bands``, one band per measured size
+up to ``max_bytes``, each the time of a call of one ring step (``call``, per-call cost and step together)
+and of every further step (``step``); and ``small_collective_extra_us``, what one op costs beyond the band
+price of its step count.  The fit reads a ``Calibration`` (the per-size medians of a sweep, ``calibrate``)
+and, when given, every timed sample of each point (``samples``).  The bands come from the two ops that
+define the step counts: at each size an all-gather takes ``k = n−1`` ring steps and an all-reduce ``2k``, so
 
-    t1 = call + (k−1)·step       (the ops with k steps)
-    t2 = call + (2k−1)·step      (the ops with 2k steps)
+    t1 = call + (k−1)·step       (the all-gather)
+    t2 = call + (2k−1)·step      (the all-reduce)
 
 gives ``step = (t2 − t1)/k`` and ``call = t1 − (k−1)·step`` (two ranks: ``call = t1``, ``step = t2 − t1``).
+The reduce-scatter takes an all-gather's ``k`` steps on NCCL and runs a full ring all-reduce on gloo, with
+host work of its own around it (gloo copies the chunks in and out): its extra is the median, over the band
+sizes, of its fitted time less the band price of its step count (never below 0).
 
-``t1`` and ``t2`` are each a monotone (isotonic) fit over the band sizes: a call never gets faster with more
-bytes, so where a larger size measured faster than a smaller one the difference is noise, and those sizes
-share one time.  Each size starts as a block holding its samples (those of every op of that step count: the
-timed samples when ``samples`` is given, else each op's median as one sample); going up in size, while a
+Each op's times (``t1``, ``t2``, the reduce-scatter's) are a monotone (isotonic) fit over the band sizes: a
+call never gets faster with more bytes, so where a larger size measured faster than a smaller one the
+difference is noise, and those sizes share one time.  Each size starts as a block holding its samples (the
+timed samples when ``samples`` is given, else the op's median as one sample); going up in size, while a
 block's median exceeds the next block's, the two are pooled into one block (pool-adjacent-violators), and
 each size's time is the median of its block's pooled samples.  So a flat stretch of sizes is priced by the
 median of all its samples, not by its one fastest median.  Noise can still make ``t2 < t1`` (then
 ``step = 0`` and ``call`` is the mean of the two); with more than two ranks ``call`` could come out negative
 (then ``call = 0`` and ``step`` is the least-squares slope of the two equations).  Last, each band's ``call``
 and ``step`` are raised to at least the previous band's, so that more bytes never cost less (the profile
-requires it).  The bands are fitted at one group size: at another the per-step time is the fitted group's.
+requires it).  The prices are fitted at one group size: at another the per-step time is the fitted group's.
 """
 
 from __future__ import annotations
@@ -32,11 +35,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
 
-__all__ = ["fit_small_collective_bands"]
+__all__ = ["fit_small_collectives"]
 
 Samples = Mapping[tuple[CollectiveOp | str, int], Sequence[float]]
 
@@ -73,18 +77,19 @@ def _isotonic_medians(blocks: list[list[float]]) -> list[float]:
     return [statistics.median(samples) for samples, n in pooled for _ in range(n)]
 
 
-def fit_small_collective_bands(
+def fit_small_collectives(
     calibration: Calibration,
     group_size: int,
     max_bytes: int,
     collective_library: str = "gloo",
     samples: Samples | None = None,
-) -> tuple[tuple[int, float, float], ...]:
-    """Bands ``(max_bytes, call_us, step_us)``, one per size up to ``max_bytes`` at which ``calibration`` has
-    an all-gather and an all-reduce (or, on gloo, a reduce-scatter) for ``group_size`` ranks; see the module
-    docstring.  ``samples``, when given, maps ``(op, bytes)`` to the timed samples (ms) of that point at
-    ``group_size`` (``calibrate``'s ``samples``), one entry for every point the fit uses.  Empty when there
-    is no such size."""
+) -> dict[str, Any]:
+    """The profile fields ``small_collective_bands`` (``(max_bytes, call_us, step_us)``, one per size up to
+    ``max_bytes`` at which ``calibration`` has an all-gather and an all-reduce for ``group_size`` ranks) and
+    ``small_collective_extra_us`` (the reduce-scatter's, where it was measured at those sizes), ready to put
+    in a profile mapping; see the module docstring.  ``samples``, when given, maps ``(op, bytes)`` to the
+    timed samples (ms) of that point at ``group_size`` (``calibrate``'s ``samples``), one entry for every point
+    the fit uses.  Both empty when there is no such size."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"group_size={group_size!r} is not valid: expected an integer >= 2")
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -94,36 +99,21 @@ def fit_small_collective_bands(
     timed = None if samples is None else _samples_table(samples)
     tables = {op: dict(calibration.points(op, group_size)) for op in
               (CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)}
-    rs_two = collective_library == "gloo"  # gloo's reduce-scatter runs a full ring all-reduce
-    one_ops = [CollectiveOp.ALL_GATHER] + ([] if rs_two else [CollectiveOp.REDUCE_SCATTER])
-    two_ops = [CollectiveOp.ALL_REDUCE] + ([CollectiveOp.REDUCE_SCATTER] if rs_two else [])
-    sizes = sorted(set().union(*(t.keys() for t in tables.values())))
 
-    def block(ops: list[CollectiveOp], size: int) -> list[float]:
-        out: list[float] = []
-        for op in ops:
-            if size not in tables[op]:
-                continue
-            if timed is None:
-                out.append(tables[op][size])
-            elif (op.value, size) in timed:
-                out.extend(timed[op.value, size])
-            else:
-                raise ValueError(f"samples: no entry for ({op.value!r}, {size}), a point of the fit")
-        return out
+    def block(op: CollectiveOp, size: int) -> list[float]:
+        if timed is None:
+            return [tables[op][size]]
+        if (op.value, size) not in timed:
+            raise ValueError(f"samples: no entry for ({op.value!r}, {size}), a point of the fit")
+        return timed[op.value, size]
 
-    measured: list[tuple[int, list[float], list[float]]] = []
-    for size in sizes:
-        if size > max_bytes:
-            break
-        b1, b2 = block(one_ops, size), block(two_ops, size)
-        if b1 and b2:
-            measured.append((size, b1, b2))
-    t1s = [t * 1e3 for t in _isotonic_medians([m[1] for m in measured])]  # ms -> µs
-    t2s = [t * 1e3 for t in _isotonic_medians([m[2] for m in measured])]
+    ag, ar = CollectiveOp.ALL_GATHER, CollectiveOp.ALL_REDUCE
+    sizes = [s for s in sorted(tables[ag]) if s <= max_bytes and s in tables[ar]]
+    t1s = [t * 1e3 for t in _isotonic_medians([block(ag, s) for s in sizes])]  # ms -> µs
+    t2s = [t * 1e3 for t in _isotonic_medians([block(ar, s) for s in sizes])]
     bands: list[tuple[int, float, float]] = []
     k = group_size - 1
-    for (size, _, _), t1, t2 in zip(measured, t1s, t2s):
+    for size, t1, t2 in zip(sizes, t1s, t2s):
         if t2 < t1:
             call, step = (t1 + t2) / 2, 0.0
         else:
@@ -134,4 +124,12 @@ def fit_small_collective_bands(
         if bands:
             call, step = max(call, bands[-1][1]), max(step, bands[-1][2])
         bands.append((int(size), call, step))
-    return tuple(bands)
+    extra: dict[str, float] = {}
+    rs = CollectiveOp.REDUCE_SCATTER
+    rs_bands = [b for b in bands if b[0] in tables[rs]]
+    if rs_bands:
+        steps = 2 * k if collective_library == "gloo" else k  # gloo's reduce-scatter runs a ring all-reduce
+        t_rs = [t * 1e3 for t in _isotonic_medians([block(rs, b[0]) for b in rs_bands])]
+        extra[rs.value] = max(0.0, statistics.median(t - (call + (steps - 1) * step)
+                                                     for t, (_, call, step) in zip(t_rs, rs_bands)))
+    return {"small_collective_bands": tuple(bands), "small_collective_extra_us": extra}

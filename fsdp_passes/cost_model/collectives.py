@@ -42,8 +42,9 @@ late (measured on the emulated 400 Mbit link, 2 ranks: a 16 MiB all-gather took 
 A profile with ``small_collective_bands`` prices an all-gather, reduce-scatter or all-reduce whose full
 payload is at most a band's ``max_bytes`` from that band instead, whatever the algorithm or protocol:
 ``call_us + (steps − 1) · step_us``, transfer included, ``steps`` the ring's (``n−1``, an all-reduce
-``2(n−1)``, a gloo reduce-scatter as its all-reduce); ``collective_floor_us`` still applies.  Such bands are
-fitted to a measured sweep where small calls do not follow the α–β line (``cost_model.bands``).
+``2(n−1)``, a gloo reduce-scatter as its all-reduce), plus the op's ``small_collective_extra_us``;
+``collective_floor_us`` still applies.  Such bands are fitted to a measured sweep where small calls do not
+follow the α–β line (``cost_model.bands``).
 Any other collective (broadcast, barrier, ...) is priced as a pipelined ring broadcast: ring latency plus
 ``nbytes / busbw``, charged even for zero bytes (a barrier still costs its latency).
 """
@@ -58,7 +59,7 @@ from typing import Any, Sequence, Union
 
 from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp
-from .profiles import ClusterProfile
+from .profiles import BAND_OPS, ClusterProfile
 
 __all__ = [
     "CollectiveEstimate",
@@ -192,9 +193,6 @@ def _protocols(profile: ClusterProfile, topo: GroupTopology, busbw: float) -> li
 GLOO_UNBLOCKED_BYTES = 256 * 1024
 
 
-_BAND_OPS = tuple(op for op, kind in KINDS.items() if "ring" in kind.algorithms and kind.ring_passes is not None)
-
-
 def _band(bands: tuple[tuple[int, float, float], ...], nbytes: float) -> tuple[int, float, float] | None:
     """The first of the profile's ``small_collective_bands`` that holds ``nbytes``, or None above the last."""
     for band in bands:
@@ -230,11 +228,11 @@ def estimate_collective(
     if gloo and kind.gloo_priced_as is not None:
         kind = KINDS[kind.gloo_priced_as]
     floor_ms = profile.collective_floor_us / 1e3
-    if profile.small_collective_bands and kind.op in _BAND_OPS:
+    if profile.small_collective_bands and kind.op.value in BAND_OPS:
         band = _band(profile.small_collective_bands, nbytes)
         if band is not None:  # a measured price, transfer included (module docstring)
             steps = kind.ring_steps(n - 1)
-            lat = band[1] + (steps - 1) * band[2]
+            lat = band[1] + (steps - 1) * band[2] + dict(profile.small_collective_extra_us).get(op.value, 0.0)
             return CollectiveEstimate(max(lat / 1e3, floor_ms), "ring", "band", lat, busbw)
     inter_floor = profile.inter_node_latency_floor_us if topo.nodes > 1 else 0.0
 

@@ -33,8 +33,12 @@ Conventions (see each shipped JSON's ``description`` for its sources):
   ``call_us`` is a call of one ring step (the per-call floor), ``step_us`` every further step, ``steps`` the
   call's ring steps (``n−1``; an all-reduce, and gloo's reduce-scatter, ``2(n−1)``); larger calls are priced
   by the α–β model.  ``call_us`` and ``step_us`` never decrease from one band to the next, so more
-  bytes never cost less inside the bands.  Empty (the default): no bands.  Fitted from a measured sweep by
-  ``fit_small_collective_bands`` (``cost_model.bands``).
+  bytes never cost less inside the bands.  Empty (the default): no bands.
+* ``small_collective_extra_us``: per op (``"all_gather"``, ``"reduce_scatter"``, ``"all_reduce"``), the µs a
+  banded call of that op costs beyond its band price: the host work one op does around the ring of the
+  others with its step count (gloo's reduce-scatter copies the chunks around a full all-reduce).  ``(op,
+  µs)`` pairs (a JSON object or list of pairs), non-negative; an op not named costs nothing extra.  Both
+  fields are fitted from a measured sweep by ``fit_small_collectives`` (``cost_model.bands``).
 * Overlap costs: ``collective_issue_us`` is the host time the compute stream spends issuing one collective
   (the device cannot start what the host has not issued); ``compute_slowdown_during_comm`` is how much longer
   compute takes while a collective runs on the same device (0.3: 30 % longer), from shared SMs and memory
@@ -53,7 +57,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Mapping, Union
 
+from ..dag.collectives import KINDS
+
 __all__ = [
+    "BAND_OPS",
     "ClusterProfile",
     "available_profiles",
     "load_profile",
@@ -96,6 +103,7 @@ class ClusterProfile:
     net_overhead_us: float = 0.0
     matmul_fixed_us: float = 0.0
     small_collective_bands: tuple[tuple[int, float, float], ...] = ()
+    small_collective_extra_us: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -112,7 +120,9 @@ class ClusterProfile:
 _INT_FIELDS = ("gpus_per_node", "nics_per_node")
 _FRACTION_FIELDS = ("ll_bandwidth_fraction", "tree_bandwidth_fraction")
 _STR_FIELDS = ("name", "description", "collective_library")
-_BAND_FIELDS = ("small_collective_bands",)
+_BAND_FIELDS = ("small_collective_bands", "small_collective_extra_us")
+#: the collectives a band prices: ring collectives with a step count
+BAND_OPS = tuple(op.value for op, kind in KINDS.items() if "ring" in kind.algorithms and kind.ring_passes is not None)
 _NON_NEGATIVE_FIELDS = (
     "collective_issue_us",
     "compute_slowdown_during_comm",
@@ -161,6 +171,22 @@ def _band_problem(bands: Any) -> str | None:
     return None
 
 
+_EXTRA_EXPECTED = f"(op, µs) pairs, op one of {', '.join(BAND_OPS)} at most once, µs a non-negative finite number"
+
+
+def _extra_problem(extra: Any) -> str | None:
+    """Why ``extra`` is not a valid ``small_collective_extra_us`` value, or None."""
+    if not isinstance(extra, tuple) or not all(isinstance(e, tuple) and len(e) == 2 for e in extra):
+        return "not a tuple of pairs"
+    ops = [op for op, _ in extra]
+    for op, us in extra:
+        if op not in BAND_OPS or ops.count(op) > 1:
+            return f"op {op!r} unknown or repeated"
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
+            return f"{op}: {us!r} is not a non-negative finite number"
+    return None
+
+
 def _validate(p: ClusterProfile) -> None:
     def bad(field: str, expected: str) -> ValueError:
         return ValueError(
@@ -188,6 +214,10 @@ def _validate(p: ClusterProfile) -> None:
     if problem is not None:
         raise ValueError(f"cluster profile {p.name!r}: small_collective_bands={p.small_collective_bands!r} is not "
                          f"valid ({problem}), expected {_BAND_EXPECTED}")
+    problem = _extra_problem(p.small_collective_extra_us)
+    if problem is not None:
+        raise ValueError(f"cluster profile {p.name!r}: small_collective_extra_us={p.small_collective_extra_us!r} is "
+                         f"not valid ({problem}), expected {_EXTRA_EXPECTED}")
     if p.collective_library not in COLLECTIVE_LIBRARIES:
         raise bad("collective_library", f"one of {', '.join(map(repr, COLLECTIVE_LIBRARIES))}")
     v = p.ll_bandwidth_fraction
@@ -246,6 +276,14 @@ def _coerce(field: str, value: Any, where: str) -> Any:
     """JSON gives ints for whole floats and floats for ints: make numbers fit the field's type."""
     if field in _STR_FIELDS:
         return value
+    if field == "small_collective_extra_us":
+        # a JSON object {op: µs} or a list of [op, µs] pairs becomes a tuple of pairs, sorted by op
+        pairs = value.items() if isinstance(value, Mapping) else value
+        if not isinstance(pairs, (list, tuple, type({}.items()))) or not all(
+                isinstance(e, (list, tuple)) and len(e) == 2 for e in pairs):
+            raise ValueError(f"{where}: {field}={value!r} is not valid, expected {_EXTRA_EXPECTED}")
+        return tuple(sorted((op, float(us) if isinstance(us, int) and not isinstance(us, bool) else us)
+                            for op, us in pairs))
     if field in _BAND_FIELDS:
         # JSON gives lists: a list of [max_bytes, call_us, step_us] lists becomes a tuple of triples
         if not isinstance(value, (list, tuple)) or not all(isinstance(b, (list, tuple)) and len(b) == 3

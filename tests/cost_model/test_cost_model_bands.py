@@ -1,5 +1,5 @@
-"""A profile's ``small_collective_bands`` (measured prices of small collectives) and their fit to a sweep,
-against hand-computed figures."""
+"""A profile's ``small_collective_bands`` and ``small_collective_extra_us`` (measured prices of small
+collectives) and their fit to a sweep, against hand-computed figures."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fsdp_passes.cost_model import (
     Calibration,
     collective_ms,
     estimate_collective,
-    fit_small_collective_bands,
+    fit_small_collectives,
     load_profile,
 )
 from fsdp_passes.dag import CollectiveOp
@@ -63,6 +63,36 @@ def test_bands_round_trip_through_json(banded, tmp_path):
     assert load_profile("cpu-gloo").small_collective_bands == ()
 
 
+def test_extra_adds_to_one_ops_band_price_only(banded):
+    p = banded.replace(small_collective_extra_us=(("reduce_scatter", 45.0),))
+    # 100 + 1 x 30 + 45 us; the all-reduce of the same steps and the all-gather keep the band price
+    assert collective_ms("reduce_scatter", 4096, 2, p) == pytest.approx(0.175)
+    assert collective_ms("all_reduce", 4096, 2, p) == pytest.approx(0.130)
+    assert collective_ms("all_gather", 4096, 2, p) == pytest.approx(0.100)
+    # above the bands the α–β price, without the extra
+    assert collective_ms("reduce_scatter", 1 << 20, 2, p) == collective_ms("reduce_scatter", 1 << 20, 2, banded)
+    # a JSON object or a list of pairs; the profile keeps pairs sorted by op and round-trips through JSON
+    as_object = load_profile({"base": "cpu-gloo", "small_collective_bands": BANDS,
+                              "small_collective_extra_us": {"reduce_scatter": 45, "all_gather": 0}})
+    assert as_object.small_collective_extra_us == (("all_gather", 0.0), ("reduce_scatter", 45.0))
+    assert load_profile(json.loads(json.dumps(as_object.to_dict()))) == as_object
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"broadcast": 10}, ["small_collective_extra_us", "'broadcast'"]),
+    ({"reduce_scatter": -1}, ["small_collective_extra_us", "reduce_scatter: -1.0"]),
+    ({"reduce_scatter": float("inf")}, ["small_collective_extra_us", "reduce_scatter: inf"]),
+    ([["reduce_scatter", 1], ["reduce_scatter", 2]], ["small_collective_extra_us", "repeated"]),
+    ([["reduce_scatter"]], ["small_collective_extra_us", "pairs"]),
+    ("x", ["small_collective_extra_us", "pairs"]),
+])
+def test_bad_extra_is_a_value_error_naming_the_field(extra, words):
+    with pytest.raises(ValueError) as info:
+        load_profile({"base": "cpu-gloo", "small_collective_extra_us": extra})
+    for w in words:
+        assert w in str(info.value)
+
+
 @pytest.mark.parametrize("bands, words", [
     ("x", ["small_collective_bands", "triples"]),
     ([[4096, 100]], ["small_collective_bands", "triples"]),
@@ -94,16 +124,21 @@ def test_fit_two_ranks_hand_computed():
     cal = _cal({"all_gather": {1024: 0.30, 4096: 0.40, 16384: 0.32, 1 << 20: 10.0},
                 "all_reduce": {1024: 0.50, 4096: 0.55, 16384: 0.60, 1 << 20: 21.0},
                 "reduce_scatter": {1024: 0.70, 4096: 0.65, 16384: 0.62}})
-    bands = fit_small_collective_bands(cal, 2, 65536)
+    fit = fit_small_collectives(cal, 2, 65536)
     # without samples each op's median is one sample.  One-step times (all-gather) 0.30 0.40 0.32: 0.40 > 0.32,
-    # so 4096 and 16384 pool to median(0.40, 0.32) = 0.36 >= 0.30 -> 0.30 0.36 0.36 ms; two-step times (all-reduce
-    # and gloo's reduce-scatter) median(0.50, 0.70) = 0.60, median(0.55, 0.65) = 0.60, median(0.60, 0.62) = 0.61,
-    # already non-decreasing; call = t1, step = t2 - t1: (300, 300), (360, 240 -> raised to 300), (360, 250 -> 300)
+    # so 4096 and 16384 pool to median(0.40, 0.32) = 0.36 >= 0.30 -> 0.30 0.36 0.36 ms; two-step times (the
+    # all-reduce) 0.50 0.55 0.60, already non-decreasing; call = t1, step = t2 - t1: (300, 200),
+    # (360, 190 -> raised to 200), (360, 240)
+    bands = fit["small_collective_bands"]
     assert [b[0] for b in bands] == [1024, 4096, 16384]
-    assert [b[1:] for b in bands] == [pytest.approx((300, 300)), pytest.approx((360, 300)), pytest.approx((360, 300))]
-    p = load_profile({"base": "cpu-gloo", "small_collective_bands": bands})
+    assert [b[1:] for b in bands] == [pytest.approx((300, 200)), pytest.approx((360, 200)), pytest.approx((360, 240))]
+    # gloo's reduce-scatter, 0.70 0.65 0.62 falling: one pool, median 0.65 ms at every size; less the two-step
+    # band prices 500, 560, 600 us: 150, 90, 50 -> median 90 us
+    assert fit["small_collective_extra_us"] == {"reduce_scatter": pytest.approx(90)}
+    p = load_profile({"base": "cpu-gloo", **fit})
     assert collective_ms("all_gather", 1024, 2, p) == pytest.approx(0.30)
-    assert collective_ms("all_reduce", 1024, 2, p) == pytest.approx(0.60)
+    assert collective_ms("all_reduce", 1024, 2, p) == pytest.approx(0.50)
+    assert collective_ms("reduce_scatter", 1024, 2, p) == pytest.approx(0.59)
     plain = load_profile("cpu-gloo")
     assert collective_ms("all_gather", 1 << 20, 2, p) == collective_ms("all_gather", 1 << 20, 2, plain)
 
@@ -124,21 +159,25 @@ def _median_cal(samples):
 
 
 def test_fit_pools_the_samples_of_sizes_that_measured_faster_than_smaller_ones():
-    bands = fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=SAMPLES)
+    fit = fit_small_collectives(_median_cal(SAMPLES), 2, 65536, samples=SAMPLES)
     # all-gather medians fall with size (0.32, 0.28, 0.24): 1024 and 4096 pool (0.26 .. 0.34, median 0.30), then
     # 16384 joins them (median of the nine 0.22 .. 0.40 is 0.30): one-step time 0.30 ms at every size, where the
-    # smallest-median-at-or-above rule would price all three at the luckiest median, 0.24 ms.  Two-step times,
-    # the median of each size's all-reduce and reduce-scatter samples pooled: 0.55, 0.60, 0.62 ms, non-decreasing.
-    # call = t1, step = t2 - t1
-    assert bands == (pytest.approx((1024, 300, 250)), pytest.approx((4096, 300, 300)),
-                     pytest.approx((16384, 300, 320)))
+    # smallest-median-at-or-above rule would price all three at the luckiest median, 0.24 ms.  Two-step times
+    # (all-reduce) 0.52, 0.57, 0.62 ms, non-decreasing.  call = t1, step = t2 - t1
+    assert fit["small_collective_bands"] == (pytest.approx((1024, 300, 220)), pytest.approx((4096, 300, 270)),
+                                             pytest.approx((16384, 300, 320)))
+    # reduce-scatter medians 0.58, 0.63, 0.62: 4096 and 16384 pool (0.60 .. 0.65, median 0.625); less the band
+    # prices 520, 570, 620 us: 60, 55, 5 -> 55 us
+    assert fit["small_collective_extra_us"] == {"reduce_scatter": pytest.approx(55)}
     # the same sweep's medians alone (one sample an op): t1 0.32, 0.28, 0.24 pool to median 0.28 at every size;
-    # t2 median(0.52, 0.58) = 0.55, median(0.57, 0.63) = 0.60, median(0.62, 0.62) = 0.62
-    assert fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536) == (
-        pytest.approx((1024, 280, 270)), pytest.approx((4096, 280, 320)), pytest.approx((16384, 280, 340)))
+    # t2 0.52, 0.57, 0.62; the reduce-scatter as above (its pooled medians are the same)
+    assert fit_small_collectives(_median_cal(SAMPLES), 2, 65536) == {
+        "small_collective_bands": (pytest.approx((1024, 280, 240)), pytest.approx((4096, 280, 290)),
+                                   pytest.approx((16384, 280, 340))),
+        "small_collective_extra_us": {"reduce_scatter": pytest.approx(55)}}
     # op keys may be CollectiveOp members
     keyed = {(CollectiveOp(op), nbytes): times for (op, nbytes), times in SAMPLES.items()}
-    assert fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=keyed) == bands
+    assert fit_small_collectives(_median_cal(SAMPLES), 2, 65536, samples=keyed) == fit
 
 
 @pytest.mark.parametrize("samples", [
@@ -153,26 +192,33 @@ def test_fit_pools_the_samples_of_sizes_that_measured_faster_than_smaller_ones()
 ])
 def test_fit_bad_samples_are_value_errors_naming_them(samples):
     with pytest.raises(ValueError, match="samples"):
-        fit_small_collective_bands(_median_cal(SAMPLES), 2, 65536, samples=samples)
+        fit_small_collectives(_median_cal(SAMPLES), 2, 65536, samples=samples)
+
+
+def _bands_and_extra(*args):
+    fit = fit_small_collectives(*args)
+    return fit["small_collective_bands"], fit["small_collective_extra_us"]
 
 
 def test_fit_edge_cases_hand_computed():
-    # two-step calls measured faster than one-step ones: no per-step time, the call the mean of the two
+    # two-step calls measured faster than one-step ones: no per-step time, the call the mean of the two; a
+    # reduce-scatter faster than its band price costs nothing extra
     cal = _cal({"all_gather": {1024: 0.5}, "all_reduce": {1024: 0.4}, "reduce_scatter": {1024: 0.4}})
-    assert fit_small_collective_bands(cal, 2, 4096) == (pytest.approx((1024, 450, 0)),)
-    # NCCL: the reduce-scatter takes the all-gather's steps: t1 = median(0.3, 0.5), t2 = 0.6 ms
+    assert _bands_and_extra(cal, 2, 4096) == ((pytest.approx((1024, 450, 0)),), {"reduce_scatter": 0.0})
+    # NCCL: the reduce-scatter takes the all-gather's steps: band (300, 300); its extra 500 - 300 us
     cal = _cal({"all_gather": {1024: 0.3}, "reduce_scatter": {1024: 0.5}, "all_reduce": {1024: 0.6}})
-    assert fit_small_collective_bands(cal, 2, 4096, "nccl") == (pytest.approx((1024, 400, 200)),)
+    assert _bands_and_extra(cal, 2, 4096, "nccl") == ((pytest.approx((1024, 300, 300)),),
+                                                      {"reduce_scatter": pytest.approx(200)})
     # 4 ranks (3 and 6 steps): step = (1.6 - 1.0) / 3 = 0.2 ms, call = 1.0 - 2 x 0.2 = 0.6 ms
     cal = _cal({"all_gather": {1024: 1.0}, "all_reduce": {1024: 1.6}}, n=4)
-    assert fit_small_collective_bands(cal, 4, 4096) == (pytest.approx((1024, 600, 200)),)
+    assert _bands_and_extra(cal, 4, 4096) == ((pytest.approx((1024, 600, 200)),), {})
     # a negative call (1.0 - 2 x 0.4667 < 0 for t1 = 0.2): call 0, step (2 x 0.2 + 5 x 1.6) / (4 + 25) ms
     cal = _cal({"all_gather": {1024: 0.2}, "all_reduce": {1024: 1.6}}, n=4)
-    assert fit_small_collective_bands(cal, 4, 4096) == (pytest.approx((1024, 0, 8400 / 29)),)
+    assert _bands_and_extra(cal, 4, 4096) == ((pytest.approx((1024, 0, 8400 / 29)),), {})
     # sizes above max_bytes, or without both step counts, give no band; nothing measured, no bands
     cal = _cal({"all_gather": {1024: 0.3, 4096: 0.3, 1 << 20: 10}, "all_reduce": {1024: 0.5, 1 << 20: 20}})
-    assert [b[0] for b in fit_small_collective_bands(cal, 2, 65536)] == [1024]
-    assert fit_small_collective_bands(Calibration(), 2, 65536) == ()
+    assert [b[0] for b in _bands_and_extra(cal, 2, 65536)[0]] == [1024]
+    assert _bands_and_extra(Calibration(), 2, 65536) == ((), {})
 
 
 @pytest.mark.parametrize("kwargs, word", [(dict(group_size=1), "group_size"), (dict(max_bytes=0), "max_bytes"),
@@ -180,4 +226,4 @@ def test_fit_edge_cases_hand_computed():
 def test_fit_bad_arguments(kwargs, word):
     args = {**dict(calibration=Calibration(), group_size=2, max_bytes=4096), **kwargs}
     with pytest.raises(ValueError, match=word):
-        fit_small_collective_bands(**args)
+        fit_small_collectives(**args)
