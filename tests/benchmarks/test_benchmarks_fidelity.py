@@ -47,9 +47,12 @@ def test_smoke_run_predicts_and_measures_every_configuration(tmp_path):
     # predictions from bands fitted to the first sweep pass, compared with the second pass's samples
     bands = data["profile"]["small_collective_bands"]
     assert [b[0] for b in bands] == [1024, 65536] and data["profile_unfitted"]["small_collective_bands"] == []
+    # and gloo's reduce-scatter priced apart from the all-reduce of its step count
+    assert [op for op, _ in data["profile"]["small_collective_extra_us"]] == ["reduce_scatter"]
     for r in data["collectives"]:
         assert len(r["held_out"]["samples_ms"]) == len(r["fit_pass"]["samples_ms"]) == 4, r
         assert r["held_out"]["min_ms"] <= r["measured_ms"] <= r["held_out"]["max_ms"], r
+        assert sum(m["samples"] for m in r["held_out_modes"]) <= 4, r
     assert set(data["targets"]) == {"every_configuration_within_15pct", "ranking_by_prediction_equals_measured",
                                     "auto_within_5pct_of_measured_fastest", "every_collective_within_15pct",
                                     "every_collective_within_15pct_or_its_noise"}
