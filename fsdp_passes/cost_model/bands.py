@@ -87,7 +87,9 @@ def fit_small_collectives(
     """The profile fields ``small_collective_bands`` (``(max_bytes, call_us, step_us)``, one per size up to
     ``max_bytes`` at which ``calibration`` has an all-gather and an all-reduce for ``group_size`` ranks) and
     ``small_collective_extra_us`` (the reduce-scatter's, where it was measured at those sizes), ready to put
-    in a profile mapping; see the module docstring.  ``samples``, when given, maps ``(op, bytes)`` to the
+    in a profile (``profile.replace(**fit)``, or a profile mapping); see the module docstring.
+    ``collective_library`` must be the profile's: it says how many ring steps the reduce-scatter's band
+    price has, so an extra fitted for gloo would understate an NCCL reduce-scatter and the other way round.  ``samples``, when given, maps ``(op, bytes)`` to the
     timed samples (ms) of that point at ``group_size`` (``calibrate``'s ``samples``), one entry for every point
     the fit uses.  Both empty when there is no such size."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
@@ -132,4 +134,4 @@ def fit_small_collectives(
         t_rs = [t * 1e3 for t in _isotonic_medians([block(rs, b[0]) for b in rs_bands])]
         extra[rs.value] = max(0.0, statistics.median(t - (call + (steps - 1) * step)
                                                      for t, (_, call, step) in zip(t_rs, rs_bands)))
-    return {"small_collective_bands": tuple(bands), "small_collective_extra_us": extra}
+    return {"small_collective_bands": tuple(bands), "small_collective_extra_us": tuple(sorted(extra.items()))}

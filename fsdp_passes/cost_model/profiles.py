@@ -107,6 +107,8 @@ class ClusterProfile:
 
     def __post_init__(self) -> None:
         _validate(self)
+        # one order for the pairs, so that equal prices make equal (and equally hashed) profiles
+        object.__setattr__(self, "small_collective_extra_us", tuple(sorted(self.small_collective_extra_us)))
 
     def replace(self, **changes: Any) -> "ClusterProfile":
         """A copy with some fields changed (validated again)."""
@@ -180,7 +182,7 @@ def _extra_problem(extra: Any) -> str | None:
         return "not a tuple of pairs"
     ops = [op for op, _ in extra]
     for op, us in extra:
-        if op not in BAND_OPS or ops.count(op) > 1:
+        if not isinstance(op, str) or op not in BAND_OPS or ops.count(op) > 1:
             return f"op {op!r} unknown or repeated"
         if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
             return f"{op}: {us!r} is not a non-negative finite number"
@@ -277,13 +279,12 @@ def _coerce(field: str, value: Any, where: str) -> Any:
     if field in _STR_FIELDS:
         return value
     if field == "small_collective_extra_us":
-        # a JSON object {op: µs} or a list of [op, µs] pairs becomes a tuple of pairs, sorted by op
-        pairs = value.items() if isinstance(value, Mapping) else value
-        if not isinstance(pairs, (list, tuple, type({}.items()))) or not all(
-                isinstance(e, (list, tuple)) and len(e) == 2 for e in pairs):
+        # a JSON object {op: µs} or a list of [op, µs] pairs becomes a tuple of pairs (validated by the profile)
+        pairs = list(value.items()) if isinstance(value, Mapping) else value
+        if not isinstance(pairs, (list, tuple)) or not all(isinstance(e, (list, tuple)) and len(e) == 2
+                                                            for e in pairs):
             raise ValueError(f"{where}: {field}={value!r} is not valid, expected {_EXTRA_EXPECTED}")
-        return tuple(sorted((op, float(us) if isinstance(us, int) and not isinstance(us, bool) else us)
-                            for op, us in pairs))
+        return tuple((op, float(us) if isinstance(us, int) and not isinstance(us, bool) else us) for op, us in pairs)
     if field in _BAND_FIELDS:
         # JSON gives lists: a list of [max_bytes, call_us, step_us] lists becomes a tuple of triples
         if not isinstance(value, (list, tuple)) or not all(isinstance(b, (list, tuple)) and len(b) == 3

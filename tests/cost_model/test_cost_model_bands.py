@@ -76,6 +76,12 @@ def test_extra_adds_to_one_ops_band_price_only(banded):
                               "small_collective_extra_us": {"reduce_scatter": 45, "all_gather": 0}})
     assert as_object.small_collective_extra_us == (("all_gather", 0.0), ("reduce_scatter", 45.0))
     assert load_profile(json.loads(json.dumps(as_object.to_dict()))) == as_object
+    # pairs given in another order make the same profile
+    assert banded.replace(small_collective_extra_us=(("reduce_scatter", 45.0), ("all_gather", 0.0))) == as_object
+    # on NCCL the reduce-scatter takes the all-gather's n-1 steps: 100 + 6 x 30 + 45 us on 8 ranks
+    nccl = load_profile({"base": "h100-nvlink", "small_collective_bands": BANDS,
+                         "small_collective_extra_us": {"reduce_scatter": 45}})
+    assert collective_ms("reduce_scatter", 4096, 8, nccl) == pytest.approx(0.325)
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -84,6 +90,8 @@ def test_extra_adds_to_one_ops_band_price_only(banded):
     ({"reduce_scatter": float("inf")}, ["small_collective_extra_us", "reduce_scatter: inf"]),
     ([["reduce_scatter", 1], ["reduce_scatter", 2]], ["small_collective_extra_us", "repeated"]),
     ([["reduce_scatter"]], ["small_collective_extra_us", "pairs"]),
+    ([["reduce_scatter", 1], [1, 2]], ["small_collective_extra_us", "op 1"]),
+    ({"reduce_scatter": True}, ["small_collective_extra_us", "reduce_scatter: True"]),
     ("x", ["small_collective_extra_us", "pairs"]),
 ])
 def test_bad_extra_is_a_value_error_naming_the_field(extra, words):
@@ -134,8 +142,9 @@ def test_fit_two_ranks_hand_computed():
     assert [b[1:] for b in bands] == [pytest.approx((300, 200)), pytest.approx((360, 200)), pytest.approx((360, 240))]
     # gloo's reduce-scatter, 0.70 0.65 0.62 falling: one pool, median 0.65 ms at every size; less the two-step
     # band prices 500, 560, 600 us: 150, 90, 50 -> median 90 us
-    assert fit["small_collective_extra_us"] == {"reduce_scatter": pytest.approx(90)}
+    assert fit["small_collective_extra_us"] == (("reduce_scatter", pytest.approx(90)),)
     p = load_profile({"base": "cpu-gloo", **fit})
+    assert load_profile("cpu-gloo").replace(**fit) == p.replace(name="cpu-gloo")
     assert collective_ms("all_gather", 1024, 2, p) == pytest.approx(0.30)
     assert collective_ms("all_reduce", 1024, 2, p) == pytest.approx(0.50)
     assert collective_ms("reduce_scatter", 1024, 2, p) == pytest.approx(0.59)
@@ -168,13 +177,13 @@ def test_fit_pools_the_samples_of_sizes_that_measured_faster_than_smaller_ones()
                                              pytest.approx((16384, 300, 320)))
     # reduce-scatter medians 0.58, 0.63, 0.62: 4096 and 16384 pool (0.60 .. 0.65, median 0.625); less the band
     # prices 520, 570, 620 us: 60, 55, 5 -> 55 us
-    assert fit["small_collective_extra_us"] == {"reduce_scatter": pytest.approx(55)}
+    assert fit["small_collective_extra_us"] == (("reduce_scatter", pytest.approx(55)),)
     # the same sweep's medians alone (one sample an op): t1 0.32, 0.28, 0.24 pool to median 0.28 at every size;
     # t2 0.52, 0.57, 0.62; the reduce-scatter as above (its pooled medians are the same)
     assert fit_small_collectives(_median_cal(SAMPLES), 2, 65536) == {
         "small_collective_bands": (pytest.approx((1024, 280, 240)), pytest.approx((4096, 280, 290)),
                                    pytest.approx((16384, 280, 340))),
-        "small_collective_extra_us": {"reduce_scatter": pytest.approx(55)}}
+        "small_collective_extra_us": (("reduce_scatter", pytest.approx(55)),)}
     # op keys may be CollectiveOp members
     keyed = {(CollectiveOp(op), nbytes): times for (op, nbytes), times in SAMPLES.items()}
     assert fit_small_collectives(_median_cal(SAMPLES), 2, 65536, samples=keyed) == fit
@@ -197,7 +206,7 @@ def test_fit_bad_samples_are_value_errors_naming_them(samples):
 
 def _bands_and_extra(*args):
     fit = fit_small_collectives(*args)
-    return fit["small_collective_bands"], fit["small_collective_extra_us"]
+    return fit["small_collective_bands"], dict(fit["small_collective_extra_us"])
 
 
 def test_fit_edge_cases_hand_computed():
@@ -209,9 +218,16 @@ def test_fit_edge_cases_hand_computed():
     cal = _cal({"all_gather": {1024: 0.3}, "reduce_scatter": {1024: 0.5}, "all_reduce": {1024: 0.6}})
     assert _bands_and_extra(cal, 2, 4096, "nccl") == ((pytest.approx((1024, 300, 300)),),
                                                       {"reduce_scatter": pytest.approx(200)})
-    # 4 ranks (3 and 6 steps): step = (1.6 - 1.0) / 3 = 0.2 ms, call = 1.0 - 2 x 0.2 = 0.6 ms
-    cal = _cal({"all_gather": {1024: 1.0}, "all_reduce": {1024: 1.6}}, n=4)
-    assert _bands_and_extra(cal, 4, 4096) == ((pytest.approx((1024, 600, 200)),), {})
+    # 4 ranks (3 and 6 steps): step = (1.6 - 1.0) / 3 = 0.2 ms, call = 1.0 - 2 x 0.2 = 0.6 ms; gloo's
+    # reduce-scatter takes the all-reduce's 6 steps (band price 1.6 ms), NCCL's the all-gather's 3 (1.0 ms)
+    cal = _cal({"all_gather": {1024: 1.0}, "all_reduce": {1024: 1.6}, "reduce_scatter": {1024: 1.75}}, n=4)
+    assert _bands_and_extra(cal, 4, 4096) == ((pytest.approx((1024, 600, 200)),),
+                                              {"reduce_scatter": pytest.approx(150)})
+    assert _bands_and_extra(cal, 4, 4096, "nccl")[1] == {"reduce_scatter": pytest.approx(750)}
+    # a reduce-scatter measured at some band sizes only: its extra from those (1.8 - 1.6 ms at 4096)
+    cal = _cal({"all_gather": {1024: 1.0, 4096: 1.0}, "all_reduce": {1024: 1.6, 4096: 1.6},
+                "reduce_scatter": {4096: 1.8}}, n=4)
+    assert _bands_and_extra(cal, 4, 4096)[1] == {"reduce_scatter": pytest.approx(200)}
     # a negative call (1.0 - 2 x 0.4667 < 0 for t1 = 0.2): call 0, step (2 x 0.2 + 5 x 1.6) / (4 + 25) ms
     cal = _cal({"all_gather": {1024: 0.2}, "all_reduce": {1024: 1.6}}, n=4)
     assert _bands_and_extra(cal, 4, 4096) == ((pytest.approx((1024, 0, 8400 / 29)),), {})
