@@ -60,9 +60,10 @@ PROFILED_STEPS = 3
 #: calls pass faster than the rate (the token bucket refills between them) and host load dominates small calls
 BAND_MAX_BYTES = ec.TBF_BURST_BYTES
 #: a point above the bands is timed as often as fits in this long (by the link's α–β price), at least
-#: ``--sweep-iters`` times and at most ``--sweep-iters-small``: bimodal sizes (a gloo all-gather's late chunk)
-#: need more than five samples for their spread to show
-LARGE_POINT_BUDGET_MS = 1000.0
+#: ``--sweep-iters`` times and at most ``--sweep-iters-small``: bimodal sizes (a gloo all-gather's late chunk,
+#: late in about half the 4 MiB calls and 60 % of the 16 MiB ones) need enough samples for both modes to
+#: show (with 1 s, five at 16 MiB, a held-out pass once drew all five from one mode)
+LARGE_POINT_BUDGET_MS = 3000.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -236,9 +237,9 @@ def _sweep_pass(args: argparse.Namespace, pass_index: int,
     and round), so that a slow spell of the host lands on every point alike rather than on one op's sizes,
     and every point follows a random mix of others (each leaves the shaper's token bucket in another state);
     a round's sample of a point is the slower rank's.  Larger sizes are timed first (so that the small ones
-    meet the connections as a step leaves them, after bulk transfers: on a fresh connection the 256 KiB
-    calls of the first pass ran 7-36 % faster than the same calls after the larger sizes), point after
-    point, each as often as fits in ``LARGE_POINT_BUDGET_MS`` at ``link``'s price, within ``--sweep-iters``
+    meet the connections as a step leaves them, after bulk transfers: swept first, on fresh connections,
+    the first pass's 256 KiB calls ran faster than the second's, which followed the first's bulk sizes, in
+    5 of 5 runs, by 4-122 %), point after point, each as often as fits in ``LARGE_POINT_BUDGET_MS`` at ``link``'s price, within ``--sweep-iters``
     and ``--sweep-iters-small``."""
     import random
 
