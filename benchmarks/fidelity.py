@@ -9,8 +9,8 @@ Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespace
    profile's ``small_collective_bands`` and ``small_collective_extra_us`` (measured prices up to the burst)
    are fitted to the first pass's timed samples (``fit_small_collectives``); every size's prediction is
    compared with the second, held-out pass: its median, and, where that misses by more than 15 %, its spread
-   (within the held-out interquartile range, or within 15 % of one of two or more modes of the held-out
-   samples: noise).  The uncalibrated link profile's prediction is reported
+   (within the held-out interquartile range, or within 15 % of one mode of bimodal held-out samples:
+   noise).  The uncalibrated link profile's prediction is reported
    too.
 2. **Three profiled steps** of the compiled model without passes (``torch.profiler``, Inductor's kernel
    profiling on) -> ``calibrate_from_trace(trace, base=sweep)`` (the first pass): the calibration every
@@ -64,6 +64,9 @@ BAND_MAX_BYTES = ec.TBF_BURST_BYTES
 #: late in about half the 4 MiB calls and 60 % of the 16 MiB ones) need enough samples for both modes to
 #: show (with 1 s, five at 16 MiB, a held-out pass once drew all five from one mode)
 LARGE_POINT_BUDGET_MS = 3000.0
+#: samples are bimodal when their best split in two explains this share of their log-variance or more (two
+#: equal point masses explain all of it, a uniform spread 75 %, a normal one 64 %)
+BIMODAL_EXPLAINED = 0.8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -120,24 +123,34 @@ def _noise(row: dict) -> bool:
 
 
 def _modes(times: list[float]) -> list[dict]:
-    """The modes of a point's samples that hold at least a quarter of them and at least two: sorted, the
-    samples split wherever one is more than 15 % above the one before (a gap wider than the tolerance), each
-    part's median and size."""
+    """A point's samples as one mode, or as two when they are bimodal: the best split of the sorted samples
+    into a faster and a slower group (the one explaining most of the variance of their logarithms) explains
+    at least ``BIMODAL_EXPLAINED`` of it, each group holds at least a quarter of the samples and two, and the
+    slower group's median is more than 15 % above the faster's.  Each mode's median and size."""
     ordered = sorted(times)
-    parts: list[list[float]] = [[ordered[0]]]
-    for t in ordered[1:]:
-        if t > 1.15 * parts[-1][-1]:
-            parts.append([])
-        parts[-1].append(t)
-    least = max(2, math.ceil(len(times) / 4))
-    return [{"median_ms": statistics.median(p), "samples": len(p)} for p in parts if len(p) >= least]
+    n = len(ordered)
+    logs = [math.log(t) for t in ordered]
+    mean = sum(logs) / n
+    total = sum((x - mean) ** 2 for x in logs)
+    least = max(2, math.ceil(n / 4))
+    best, split = 0.0, 0
+    for k in range(least, n - least + 1):
+        m1, m2 = sum(logs[:k]) / k, sum(logs[k:]) / (n - k)
+        between = k * (m1 - mean) ** 2 + (n - k) * (m2 - mean) ** 2
+        if between > best:
+            best, split = between, k
+    parts = [ordered[:split], ordered[split:]] if total > 0 and best >= BIMODAL_EXPLAINED * total else [ordered]
+    medians = [statistics.median(p) for p in parts]
+    if len(parts) == 2 and medians[1] <= 1.15 * medians[0]:  # modes closer than the tolerance: one
+        parts, medians = [ordered], [statistics.median(ordered)]
+    return [{"median_ms": m, "samples": len(p)} for m, p in zip(medians, parts)]
 
 
 def _collective_summary(rows: list[dict]) -> dict:
     """How the held-out sweep's pairs fare: within 15 % of the held-out median; else noise, when the prediction
     is inside the held-out samples' interquartile range (a quarter of them lie either side), or the held-out
-    samples fall in two or more modes of a quarter of them each, apart by more than 15 % (the median lands
-    on one or the other by chance), and the prediction is within 15 % of one; else missed.  Whether it lies
+    samples are bimodal (``_modes``: the median lands on one mode or the other by chance) and the prediction
+    is within 15 % of one mode's median; else missed.  Whether it lies
     between the two passes' medians is recorded but not counted: a banded all-gather or all-reduce at two
     ranks is priced at its fit-pass median, so it always would."""
     within = [r for r in rows if r["within_15pct"]]
