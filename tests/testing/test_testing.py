@@ -273,6 +273,11 @@ def _new_group_with_three_gloo_threads(rank: int, world_size: int) -> tuple:
         set_gloo_worker_threads(None)
     gathered = torch.ops._c10d_functional.wait_tensor(
         torch.ops._c10d_functional.all_gather_into_tensor(torch.full((3,), float(rank)), world_size, group.group_name))
+    # the group's constructor starts its workers, but each names itself only when it first runs, which on a
+    # loaded host can come after the collective above (one worker serves it): wait for the names, then count
+    deadline = time.monotonic() + 30
+    while _gloo_runloop_threads() - before < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     added = _gloo_runloop_threads() - before
     restored = c10d.ProcessGroupGloo is torch._C._distributed_c10d.ProcessGroupGloo
     return before, added, gathered.tolist(), restored
