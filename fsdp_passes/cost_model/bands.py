@@ -37,6 +37,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..dag.collectives import KINDS
 from ..dag.graph import CollectiveOp
 from .calibration import Calibration
 
@@ -89,9 +90,10 @@ def fit_small_collectives(
     ``small_collective_extra_us`` (the reduce-scatter's, where it was measured at those sizes), ready to put
     in a profile (``profile.replace(**fit)``, or a profile mapping); see the module docstring.
     ``collective_library`` must be the profile's: it says how many ring steps the reduce-scatter's band
-    price has, so an extra fitted for gloo would understate an NCCL reduce-scatter and the other way round.  ``samples``, when given, maps ``(op, bytes)`` to the
-    timed samples (ms) of that point at ``group_size`` (``calibrate``'s ``samples``), one entry for every point
-    the fit uses.  Both empty when there is no such size."""
+    price has, so an extra fitted for gloo would understate an NCCL reduce-scatter and the other way round.
+    ``samples``, when given, maps ``(op, bytes)`` to the timed samples (ms) of that point at ``group_size``
+    (``calibrate``'s ``samples``), one entry for every point the fit uses.  Both empty when there is no such
+    size."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:
         raise ValueError(f"group_size={group_size!r} is not valid: expected an integer >= 2")
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
@@ -130,7 +132,10 @@ def fit_small_collectives(
     rs = CollectiveOp.REDUCE_SCATTER
     rs_bands = [b for b in bands if b[0] in tables[rs]]
     if rs_bands:
-        steps = 2 * k if collective_library == "gloo" else k  # gloo's reduce-scatter runs a ring all-reduce
+        kind = KINDS[rs]
+        if collective_library == "gloo" and kind.gloo_priced_as is not None:  # a ring all-reduce on gloo
+            kind = KINDS[kind.gloo_priced_as]
+        steps = kind.ring_steps(k)
         t_rs = [t * 1e3 for t in _isotonic_medians([block(rs, b[0]) for b in rs_bands])]
         extra[rs.value] = max(0.0, statistics.median(t - (call + (steps - 1) * step)
                                                      for t, (_, call, step) in zip(t_rs, rs_bands)))
