@@ -10,8 +10,7 @@ Same emulated two-node cluster as ``emulated_cluster.py`` (two network namespace
    are fitted to the first pass's timed samples (``fit_small_collectives``); every size's prediction is
    compared with the second, held-out pass: its median, and, where that misses by more than 15 %, its spread
    (within the held-out interquartile range, or within 15 % of one mode of bimodal held-out samples:
-   noise).  The uncalibrated link profile's prediction is reported
-   too.
+   noise).  The uncalibrated link profile's prediction is reported too.
 2. **Three profiled steps** of the compiled model without passes (``torch.profiler``, Inductor's kernel
    profiling on) -> ``calibrate_from_trace(trace, base=sweep)`` (the first pass): the calibration every
    configuration plans with.
@@ -150,9 +149,9 @@ def _collective_summary(rows: list[dict]) -> dict:
     """How the held-out sweep's pairs fare: within 15 % of the held-out median; else noise, when the prediction
     is inside the held-out samples' interquartile range (a quarter of them lie either side), or the held-out
     samples are bimodal (``_modes``: the median lands on one mode or the other by chance) and the prediction
-    is within 15 % of one mode's median; else missed.  Whether it lies
-    between the two passes' medians is recorded but not counted: a banded all-gather or all-reduce at two
-    ranks is priced at its fit-pass median, so it always would."""
+    is within 15 % of one mode's median; else missed.  Whether it lies between the two passes' medians is
+    recorded but not counted: a banded all-gather or all-reduce at two ranks is priced at its fit-pass
+    median, so it always would."""
     within = [r for r in rows if r["within_15pct"]]
     noise = [r for r in rows if not r["within_15pct"] and _noise(r)]
     missed = [r for r in rows if not r["within_15pct"] and not _noise(r)]
@@ -252,8 +251,8 @@ def _sweep_pass(args: argparse.Namespace, pass_index: int,
     a round's sample of a point is the slower rank's.  Larger sizes are timed first (so that the small ones
     meet the connections as a step leaves them, after bulk transfers: swept first, on fresh connections,
     the first pass's 256 KiB calls ran faster than the second's, which followed the first's bulk sizes, in
-    5 of 5 runs, by 4-122 %), point after point, each as often as fits in ``LARGE_POINT_BUDGET_MS`` at ``link``'s price, within ``--sweep-iters``
-    and ``--sweep-iters-small``."""
+    5 of 5 runs, by 4-122 %), point after point, each as often as fits in ``LARGE_POINT_BUDGET_MS`` at
+    ``link``'s price, within ``--sweep-iters`` and ``--sweep-iters-small``."""
     import random
 
     from fsdp_passes.cost_model import Calibration, collective_ms
