@@ -19,15 +19,15 @@ from ..pipeline.report import GraphReport
 from .cache_key import options_key
 from .bucket_copies import register as register_bucket_copies
 from .param_names import ParamNamesPass
-from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState
+from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState, RecomputePinPass
 
 log = logging.getLogger("fsdp_passes")
 
 __all__ = ["active_options", "compile_caches_off", "install", "last_reports", "scheduler_pass_wrapped",
            "set_compile_threads", "uninstall"]
 
-_SLOTS = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "reorder_for_compute_comm_overlap",
-          "reorder_for_compute_comm_overlap_passes")
+_SLOTS = ("pre_grad_custom_pass", "joint_custom_post_pass", "post_grad_custom_post_pass",
+          "reorder_for_compute_comm_overlap", "reorder_for_compute_comm_overlap_passes")
 
 
 class Installation:
@@ -46,6 +46,11 @@ class Installation:
         register_bucket_copies()  # the buckets' copy-in and copy-out, as Inductor should lower them
         # names each parameter's collectives while Dynamo's graph still knows the parameters' sources
         inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=self.saved["pre_grad_custom_pass"])
+        # last on the joint graph (after the user's passes and Inductor's patterns), whatever the bucketing:
+        # the collectives the backward issues must not depend on the local shapes
+        user_joint = self.saved["joint_custom_post_pass"]
+        user_joint = list(user_joint) if isinstance(user_joint, (list, tuple)) else [] if user_joint is None else [user_joint]
+        inductor_config.joint_custom_post_pass = user_joint + [RecomputePinPass(options)]
         if options.bucketing != "none":
             inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass, state=self.state)
         else:

@@ -1,5 +1,7 @@
 """The pass objects installed into ``torch._inductor.config`` (see ``install``).
 
+- ``RecomputePinPass`` (a ``CustomGraphPass``) goes last into ``joint_custom_post_pass``: it fixes, before
+  AOT autograd partitions the joint graph, which collectives the backward re-issues (``recompute_pins``).
 - ``FsdpGraphPass`` (a ``CustomGraphPass``) goes into ``post_grad_custom_post_pass``: bucketing.
 - ``FsdpSchedulerPass`` (a ``CustomSchedulerPass``) goes last into ``reorder_for_compute_comm_overlap_passes``
   (with ``reorder_for_compute_comm_overlap=True``): reordering.  That list runs after Inductor's
@@ -16,6 +18,7 @@ Cache keys: ``uuid()`` (``cache_key.pass_uuid``); the scheduler pass pickles as 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,15 +29,18 @@ from torch._inductor.virtualized import V
 
 from ..options import Options
 from ..pipeline.record import GraphRecord, ReportHistory
+from ..pipeline.recompute_pins import pin_recompute_decisions
 from ..pipeline.report import GraphReport
 from . import fx_pass, scheduler_pass  # called through the modules: tests may wrap their functions
 from .cache_key import pass_uuid
 from .graph_names import GraphNamer, fx_graph_kind
 from .guard import run_guarded
 
-__all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY"]
+__all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY", "RecomputePinPass"]
 
 RECORD_META_KEY = "fsdp_passes_record"
+
+log = logging.getLogger("fsdp_passes")
 
 
 @dataclass
@@ -48,6 +54,23 @@ class PassState:
 def _graph_module_meta(gm: Any) -> dict | None:
     meta = getattr(gm, "meta", None)
     return meta if isinstance(meta, dict) else None
+
+
+class RecomputePinPass(CustomGraphPass):
+    """Joint-graph pass: the partitioner's save / recompute choices cannot change the backward's collectives."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def __call__(self, graph: fx.Graph) -> None:
+        def attempt() -> None:
+            pins = pin_recompute_decisions(graph)
+            log.debug("fsdp_passes recompute pins: %s", pins)
+
+        run_guarded("recompute-pin", self.options, attempt, lambda reason: None)
+
+    def uuid(self) -> str:
+        return pass_uuid("joint", self.options)
 
 
 class FsdpGraphPass(CustomGraphPass):
