@@ -20,10 +20,11 @@ from .cache_key import options_key
 from .bucket_copies import register as register_bucket_copies
 from .param_names import ParamNamesPass
 from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState
+from .rank_check import RankChecker
 
 log = logging.getLogger("fsdp_passes")
 
-__all__ = ["active_options", "compile_caches_off", "install", "last_reports", "scheduler_pass_wrapped",
+__all__ = ["active_options", "compile_caches_off", "install", "last_reports", "rank_checker", "scheduler_pass_wrapped",
            "set_compile_threads", "uninstall"]
 
 _SLOTS = ("pre_grad_custom_pass", "post_grad_custom_post_pass", "reorder_for_compute_comm_overlap",
@@ -46,7 +47,7 @@ class Installation:
         register_bucket_copies()  # the buckets' copy-in and copy-out, as Inductor should lower them
         # names each parameter's collectives while Dynamo's graph still knows the parameters' sources
         inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=self.saved["pre_grad_custom_pass"])
-        if options.bucketing != "none":
+        if options.bucketing != "none" or options.check_ranks:
             inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass, state=self.state)
         else:
             inductor_config.post_grad_custom_post_pass = user_fx_pass
@@ -83,6 +84,11 @@ def uninstall() -> None:
 
 def active_options() -> Options | None:
     return _INSTALLATION.active
+
+
+def rank_checker() -> RankChecker:
+    """The cross-rank check's state in this process (the check's op calls it at run time)."""
+    return _INSTALLATION.state.rank_checker
 
 
 def last_reports(clear: bool = False) -> list[GraphReport]:

@@ -31,6 +31,7 @@ from . import fx_pass, scheduler_pass  # called through the modules: tests may w
 from .cache_key import pass_uuid
 from .graph_names import GraphNamer, fx_graph_kind
 from .guard import run_guarded
+from .rank_check import RankChecker, insert_rank_check, is_rank_check
 
 __all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY"]
 
@@ -39,10 +40,13 @@ RECORD_META_KEY = "fsdp_passes_record"
 
 @dataclass
 class PassState:
-    """What the installed pass objects share: graph names in compile order and the reports of every graph."""
+    """What the installed pass objects share: graph names in compile order, the reports of every graph, the
+    cross-rank check's state (``check_ranks``) and the gloo groups already warned about."""
 
     names: GraphNamer = field(default_factory=GraphNamer)
     history: ReportHistory = field(default_factory=ReportHistory)
+    rank_checker: RankChecker = field(default_factory=RankChecker)
+    gloo_groups_warned: set[str] = field(default_factory=set)
 
 
 def _graph_module_meta(gm: Any) -> dict | None:
@@ -51,7 +55,9 @@ def _graph_module_meta(gm: Any) -> dict | None:
 
 
 class FsdpGraphPass(CustomGraphPass):
-    """Post-grad FX pass: bucket FSDP collectives; then run the pass that was installed before ours."""
+    """Post-grad FX pass: bucket FSDP collectives (unless ``bucketing="none"``), then, with ``check_ranks``, put
+    the cross-rank check of the final collective sequences at the top of the graph; the pass that was
+    installed before ours runs first."""
 
     def __init__(self, options: Options, chained: Any = None, state: PassState | None = None):
         self.options = options
@@ -65,8 +71,12 @@ class FsdpGraphPass(CustomGraphPass):
         meta = _graph_module_meta(graph.owning_module)
         if meta is not None:
             meta[RECORD_META_KEY] = record
-        record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
-        self.state.history.add(record.fx)
+        if self.options.bucketing != "none":
+            record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
+            self.state.history.add(record.fx)
+        if self.options.check_ranks:
+            # after bucketing, which fixes every group's sequence: the scheduler pass never reorders a group
+            insert_rank_check(graph, record.name, self.options.check_ranks_timeout_s)
 
     def uuid(self) -> str:
         return pass_uuid("fx", self.options, self.chained)
@@ -111,6 +121,11 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         out = run_guarded("scheduler", self.options, attempt, lambda reason: fallback(f"pass failed: {reason}"),
                           lambda reason: fallback(f"left untouched: {reason}"))
         self.state.history.add(record.scheduler)
+        # the cross-rank check runs before any collective of the graph: it reads and writes no buffer, so
+        # nothing else keeps it first (Inductor's memory reordering may have moved it)
+        checks = [n for n in out if is_rank_check(n)]
+        if checks:
+            out = checks + [n for n in out if not is_rank_check(n)]
         return out
 
     def uuid(self) -> str:
