@@ -75,6 +75,7 @@ _ERRORS = {
     "InvalidOrder": "inductor.scheduler_pass",  # a proposed order broke a dependency or a group's sequence
     "BucketOverBudget": "pipeline.budget",  # a manual plan over the memory budget, under strict=True
     "UnmatchedPlanEntry": "bucketing.manual",  # a bucket_plan entry matched nothing, under strict=True
+    "RankMismatch": "inductor.rank_check",  # check_ranks: ranks compiled different collectives (would hang)
 }
 
 
@@ -181,6 +182,7 @@ __all__ = [
     "MixedPrecisionPolicy",
     "OptionError",
     "Options",
+    "RankMismatch",
     "UnmatchedPlanEntry",
     "bucket_graph",
     "calibrate_from_trace",

@@ -57,6 +57,11 @@ class Options:
     max_prefetch: at most this many collectives of one process group in flight at once (None: no cap).
     debug_dir: write dumps (schedules, buckets, DAG, trace, summary) per compiled graph under this folder.
     strict: raise instead of warning and falling back when a pass fails.
+    check_ranks: at each compiled graph's first run, compare its per-process-group collective sequence with
+        the other ranks of its groups through the default group's store, and raise ``RankMismatch`` on every
+        rank when they differ (they would hang), or on a rank whose peer never arrives.
+    check_ranks_timeout_s: how long the check waits for the other ranks, in seconds (None: the default
+        process group's timeout, as long as a collective would wait).
     """
 
     bucketing: str = "auto"
@@ -70,6 +75,8 @@ class Options:
     max_prefetch: int | None = None
     debug_dir: str | None = None
     strict: bool = False
+    check_ranks: bool = True
+    check_ranks_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -193,7 +200,7 @@ def _validate(o: Options) -> None:
         or not math.isfinite(o.bucket_cap_mb) or o.bucket_cap_mb <= 0
     ):
         _fail("bucket_cap_mb", o.bucket_cap_mb, "a positive number of MiB or None")
-    for flag in ("bucket_non_fsdp", "reorder", "strict"):
+    for flag in ("bucket_non_fsdp", "reorder", "strict", "check_ranks"):
         if not isinstance(getattr(o, flag), bool):
             _fail(flag, getattr(o, flag), "True or False")
     if not isinstance(o.cluster, (str, Mapping)):
@@ -222,6 +229,11 @@ def _validate(o: Options) -> None:
         isinstance(o.max_prefetch, bool) or not isinstance(o.max_prefetch, int) or o.max_prefetch < 1
     ):
         _fail("max_prefetch", o.max_prefetch, "an integer >= 1 or None")
+    if o.check_ranks_timeout_s is not None and (
+        isinstance(o.check_ranks_timeout_s, bool) or not isinstance(o.check_ranks_timeout_s, (int, float))
+        or not math.isfinite(o.check_ranks_timeout_s) or o.check_ranks_timeout_s <= 0
+    ):
+        _fail("check_ranks_timeout_s", o.check_ranks_timeout_s, "a positive number of seconds or None")
     if o.debug_dir is not None and not isinstance(o.debug_dir, (str, os.PathLike)):
         _fail("debug_dir", o.debug_dir, "a folder path or None")
     if o.debug_dir is not None and os.path.exists(o.debug_dir) and not os.path.isdir(o.debug_dir):
@@ -231,7 +243,7 @@ def _validate(o: Options) -> None:
 def _parse_env_value(name: str, text: str) -> Any:
     """Environment values are strings: JSON where it parses (numbers, lists, true/false/null), else text."""
     key = ENV_PREFIX + name.upper()
-    if name in ("reorder", "strict", "bucket_non_fsdp"):
+    if name in ("reorder", "strict", "bucket_non_fsdp", "check_ranks"):
         low = text.strip().lower()
         if low in ("1", "true", "yes", "on"):
             return True

@@ -38,11 +38,14 @@ def test_enable_installs_and_disable_restores_exactly():
 
 def test_enable_twice_replaces_options_without_stacking():
     fsdp_passes.enable(memory_budget="5%")
-    fsdp_passes.enable(memory_budget=0, bucketing="none")
+    fsdp_passes.enable(memory_budget=0, bucketing="none", check_ranks=False)
     ours = [p for p in ic.reorder_for_compute_comm_overlap_passes if isinstance(p, FsdpSchedulerPass)]
     assert len(ours) == 1 and ours[0].options.memory_budget == 0
-    # bucketing="none" installs no FX pass at all
+    # bucketing="none" without check_ranks installs no FX pass at all
     assert not isinstance(ic.post_grad_custom_post_pass, FsdpGraphPass)
+    # with check_ranks (the default) the FX pass is there to insert the check, and buckets nothing
+    fsdp_passes.enable(memory_budget=0, bucketing="none")
+    assert isinstance(ic.post_grad_custom_post_pass, FsdpGraphPass)
 
 
 def test_chains_with_user_passes_and_restores_them():

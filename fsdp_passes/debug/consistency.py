@@ -16,7 +16,14 @@ if TYPE_CHECKING:
 
 from ..pipeline.report import GraphReport
 
-__all__ = ["verify_rank_consistency", "rank_entries", "first_difference"]
+__all__ = ["verify_rank_consistency", "rank_entries", "first_difference", "first_collective_difference",
+           "per_group_sequences", "LIKELY_CAUSES"]
+
+
+#: why ranks compile different collective sequences, most likely first (said by every cross-rank check)
+LIKELY_CAUSES = ("different local shapes (uneven data, variable sequence lengths, dynamic shapes) that made the "
+                 "partitioner or the bucketing decide differently; different fsdp_passes options or calibration "
+                 "files per rank; different torch or fsdp_passes versions per rank")
 
 
 def rank_entries(reports: list[GraphReport]) -> list[tuple[str, str, list[str]]]:
@@ -40,7 +47,8 @@ def rank_entries(reports: list[GraphReport]) -> list[tuple[str, str, list[str]]]
             for g in order]
 
 
-def _per_group(sequence: list[str]) -> dict[str, list[str]]:
+def per_group_sequences(sequence: list[str]) -> dict[str, list[str]]:
+    """``collective_sequence`` items split by process group (the second word of each item), issue order kept."""
     groups: dict[str, list[str]] = {}
     for item in sequence:
         parts = item.split(" ")
@@ -60,16 +68,29 @@ def first_difference(a: list[tuple[str, str, list[str]]], b: list[tuple[str, str
             return f"graph #{k} is {ga!r} on the reference rank but {gb!r} on the other (compiled in another order)"
         if fa == fb:
             continue
-        pa, pb = _per_group(sa), _per_group(sb)
-        for group in sorted(set(pa) | set(pb)):
-            xa, xb = pa.get(group, []), pb.get(group, [])
-            for j in range(max(len(xa), len(xb))):
-                ca = xa[j] if j < len(xa) else "<none>"
-                cb = xb[j] if j < len(xb) else "<none>"
-                if ca != cb:
-                    return (f"graph {ga!r}, process group {group}: collective #{j} is '{ca}' on the reference rank "
-                            f"but '{cb}' on the other (fingerprints {fa} vs {fb})")
+        found = first_collective_difference(sa, sb)
+        if found is not None:
+            group, j, ca, cb = found
+            return (f"graph {ga!r}, process group {group}: collective #{j} is '{ca}' on the reference rank "
+                    f"but '{cb}' on the other (fingerprints {fa} vs {fb})")
         return f"graph {ga!r}: collective fingerprints differ ({fa} vs {fb})"
+    return None
+
+
+def first_collective_difference(a: list[str], b: list[str]) -> Optional[tuple[str, int, str, str]]:
+    """The first collective where two ``collective_sequence`` lists disagree, process group by group (groups in
+    name order, the order inside a group is the issue order that must match): ``(group, index in the group,
+    item of a, item of b)`` with ``"<none>"`` for a missing one; ``None`` when every group's sequence agrees.
+    The one rule both ``first_difference`` and the check at a graph's first run
+    (``fsdp_passes.inductor.rank_check``) compare ranks by."""
+    pa, pb = per_group_sequences(a), per_group_sequences(b)
+    for group in sorted(set(pa) | set(pb)):
+        xa, xb = pa.get(group, []), pb.get(group, [])
+        for j in range(max(len(xa), len(xb))):
+            ca = xa[j] if j < len(xa) else "<none>"
+            cb = xb[j] if j < len(xb) else "<none>"
+            if ca != cb:
+                return group, j, ca, cb
     return None
 
 
@@ -97,5 +118,5 @@ def verify_rank_consistency(reports: list[GraphReport], group: dist.ProcessGroup
             raise RuntimeError(
                 f"fsdp_passes: ranks {ranks[0]} and {ranks[k]} compiled different collective sequences and would "
                 f"hang: {diff.replace('the reference rank', f'rank {ranks[0]}').replace('the other rank', f'rank {ranks[k]}').replace('the other', f'rank {ranks[k]}')}. "
-                "Use the same fsdp_passes options (and calibration file) on every rank."
+                f"Likely causes: {LIKELY_CAUSES}."
             )

@@ -20,10 +20,11 @@ from .cache_key import options_key
 from .bucket_copies import register as register_bucket_copies
 from .param_names import ParamNamesPass
 from .passes import FsdpGraphPass, FsdpSchedulerPass, PassState, RecomputePinPass
+from .rank_check import RankChecker
 
 log = logging.getLogger("fsdp_passes")
 
-__all__ = ["active_options", "compile_caches_off", "install", "last_reports", "scheduler_pass_wrapped",
+__all__ = ["active_options", "compile_caches_off", "install", "last_reports", "rank_checker", "scheduler_pass_wrapped",
            "set_compile_threads", "uninstall"]
 
 _SLOTS = ("pre_grad_custom_pass", "joint_custom_post_pass", "post_grad_custom_post_pass",
@@ -51,7 +52,7 @@ class Installation:
         user_joint = self.saved["joint_custom_post_pass"]
         user_joint = list(user_joint) if isinstance(user_joint, (list, tuple)) else [] if user_joint is None else [user_joint]
         inductor_config.joint_custom_post_pass = user_joint + [RecomputePinPass(options)]
-        if options.bucketing != "none":
+        if options.bucketing != "none" or options.check_ranks:
             inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass, state=self.state)
         else:
             inductor_config.post_grad_custom_post_pass = user_fx_pass
@@ -88,6 +89,11 @@ def uninstall() -> None:
 
 def active_options() -> Options | None:
     return _INSTALLATION.active
+
+
+def rank_checker() -> RankChecker:
+    """The cross-rank check's state in this process (the check's op calls it at run time)."""
+    return _INSTALLATION.state.rank_checker
 
 
 def last_reports(clear: bool = False) -> list[GraphReport]:

@@ -35,6 +35,9 @@ from . import fx_pass, scheduler_pass  # called through the modules: tests may w
 from .cache_key import pass_uuid
 from .graph_names import GraphNamer, fx_graph_kind
 from .guard import run_guarded
+from .rank_check import RankChecker, insert_rank_check, is_rank_check
+
+log = logging.getLogger("fsdp_passes")
 
 __all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY", "RecomputePinPass"]
 
@@ -45,10 +48,13 @@ log = logging.getLogger("fsdp_passes")
 
 @dataclass
 class PassState:
-    """What the installed pass objects share: graph names in compile order and the reports of every graph."""
+    """What the installed pass objects share: graph names in compile order, the reports of every graph, the
+    cross-rank check's state (``check_ranks``) and the gloo groups already warned about."""
 
     names: GraphNamer = field(default_factory=GraphNamer)
     history: ReportHistory = field(default_factory=ReportHistory)
+    rank_checker: RankChecker = field(default_factory=RankChecker)
+    gloo_groups_warned: set[str] = field(default_factory=set)
 
 
 def _graph_module_meta(gm: Any) -> dict | None:
@@ -74,7 +80,9 @@ class RecomputePinPass(CustomGraphPass):
 
 
 class FsdpGraphPass(CustomGraphPass):
-    """Post-grad FX pass: bucket FSDP collectives; then run the pass that was installed before ours."""
+    """Post-grad FX pass: bucket FSDP collectives (unless ``bucketing="none"``), then, with ``check_ranks``, put
+    the cross-rank check of the final collective sequences at the top of the graph; the pass that was
+    installed before ours runs first."""
 
     def __init__(self, options: Options, chained: Any = None, state: PassState | None = None):
         self.options = options
@@ -88,11 +96,37 @@ class FsdpGraphPass(CustomGraphPass):
         meta = _graph_module_meta(graph.owning_module)
         if meta is not None:
             meta[RECORD_META_KEY] = record
-        record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
-        self.state.history.add(record.fx)
+        if self.options.bucketing != "none":
+            record.fx = fx_pass.run_fx_pass(graph, self.options, graph_name=record.name)
+            self.state.history.add(record.fx)
+        if self.options.check_ranks:
+            # after bucketing, which fixes every group's sequence: the scheduler pass never reorders a group
+            try:
+                insert_rank_check(graph, record.name, self.options.check_ranks_timeout_s)
+            except Exception as exc:  # e.g. sizes the DAG cannot read: compile the graph unchecked
+                if self.options.strict:
+                    raise
+                log.warning("fsdp_passes %s: check_ranks left out of this graph: %s: %s", record.name,
+                            type(exc).__name__, exc)
 
     def uuid(self) -> str:
         return pass_uuid("fx", self.options, self.chained)
+
+
+class GlooThreadsKey:
+    """The cache-key part of the process groups this process has that are gloo with several worker threads."""
+
+    def uuid(self) -> str:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return "no process group"
+        from torch.distributed.distributed_c10d import _world
+
+        from .gloo_groups import multi_threaded_gloo_groups
+
+        names = [name for name in _world.pg_names.values() if isinstance(name, str)]
+        return repr(sorted(multi_threaded_gloo_groups(names).items()))
 
 
 def _restore_scheduler_pass(options_json: dict, uuid: str) -> "FsdpSchedulerPass":
@@ -134,10 +168,31 @@ class FsdpSchedulerPass(CustomSchedulerPass):
         out = run_guarded("scheduler", self.options, attempt, lambda reason: fallback(f"pass failed: {reason}"),
                           lambda reason: fallback(f"left untouched: {reason}"))
         self.state.history.add(record.scheduler)
+        self._warn_gloo_threads(record.scheduler)
+        # the cross-rank check runs before any collective of the graph: it reads and writes no buffer, so
+        # nothing else keeps it first (Inductor's memory reordering may have moved it)
+        checks = [n for n in out if is_rank_check(n)]
+        if checks:
+            out = checks + [n for n in out if not is_rank_check(n)]
         return out
 
+    def _warn_gloo_threads(self, report: GraphReport) -> None:
+        """Say once per process group that it was kept to one collective in flight, and the fix."""
+        for group, threads in sorted((report.extra.get("one_in_flight_groups") or {}).items()):
+            if group in self.state.gloo_groups_warned:
+                continue
+            self.state.gloo_groups_warned.add(group)
+            log.warning(
+                "fsdp_passes: process group %r is gloo with %d worker threads: collectives in flight together on "
+                "such a group corrupted the heap in benchmarks/gloo_view_race.py, so the reordering keeps one "
+                "collective of it in flight at a time (less overlap). To prefetch again, run gloo groups on one "
+                "worker thread: call fsdp_passes.testing.set_gloo_worker_threads(1) before "
+                "torch.distributed.init_process_group / new_group.", group, threads)
+
     def uuid(self) -> str:
-        return pass_uuid("scheduler", self.options)
+        # the order depends on which groups are gloo with several threads (kept to one in flight): a cached
+        # order made under another thread count must not be served
+        return pass_uuid("scheduler", self.options, chained=GlooThreadsKey())
 
     # the FX graph cache pickles this list into its key: pickle as the uuid, never as a qualified name only
     def __reduce__(self) -> tuple[Callable[..., "FsdpSchedulerPass"], tuple[dict, str]]:

@@ -15,6 +15,7 @@ from ..options import Options
 from ..pipeline.reorder_graph import finish_graph_report, plan_graph_order
 from ..pipeline.report import GraphReport, fill_unchanged_numbers
 from .failure_injection import injected
+from .gloo_groups import multi_threaded_gloo_groups
 from .scheduler_adapter import dag_from_scheduler_nodes
 
 class InvalidOrder(ValueError):
@@ -51,7 +52,9 @@ def reorder_scheduler_nodes(
     durations = cost_model.estimate(dag)
     overlap = cost_model.overlap_costs()
     report = GraphReport(graph=graph_name, pass_name="scheduler", options=options.to_json())
-    order = plan_graph_order(dag, durations, options, report, fx_report, overlap)
+    # gloo groups with several worker threads: one collective in flight at a time (benchmarks/gloo_view_race.py)
+    serial = multi_threaded_gloo_groups(n.group_name for n in dag.nodes if n.group_name)
+    order = plan_graph_order(dag, durations, options, report, fx_report, overlap, one_in_flight_groups=serial)
     if injected("scheduler") == "bad_order":
         order = list(reversed(order))
     problems = dag.order_violations(order)
