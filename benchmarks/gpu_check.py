@@ -198,8 +198,8 @@ def measure(planned: Planned, cfg: Any, args: argparse.Namespace, work: Path) ->
     cal = Calibration.load(cal_path)
     out["kernels"] = compare_nodes(planned.nodes, cal)
     predicted = planned.summary["predicted_compute_ms"]
-    out["predicted_compute_over_measured_kernels"] = predicted / out["measured_kernel_ms_per_step"]
-    out["predicted_compute_over_measured_step"] = predicted / out["measured_step_ms"]["median"]
+    out["predicted_compute_over_measured_kernels"] = _ratio(predicted, out["measured_kernel_ms_per_step"])
+    out["predicted_compute_over_measured_step"] = _ratio(predicted, out["measured_step_ms"]["median"])
 
     # the same plan priced with the calibration (capture only: no code is generated)
     model, inputs = build_model(cfg, "cuda")
@@ -213,7 +213,7 @@ def measure(planned: Planned, cfg: Any, args: argparse.Namespace, work: Path) ->
     out["calibrated"] = {
         "compute_nodes": len(nodes), "priced_at_measured_time": len(priced),
         "predicted_compute_ms": calibrated_ms,
-        "predicted_compute_over_measured_kernels": calibrated_ms / out["measured_kernel_ms_per_step"],
+        "predicted_compute_over_measured_kernels": _ratio(calibrated_ms, out["measured_kernel_ms_per_step"]),
         "predicted_makespan_ms": sum(r.makespan_ms_after for r in fsdp_passes.last_reports()
                                      if r.pass_name == "scheduler"),
     }
@@ -262,6 +262,11 @@ def numerics(cfg: Any, device: str, backend: str, steps: int) -> dict[str, Any]:
                 "within_tolerance": loss_rel <= LOSS_RTOL and grad_rel <= GRAD_RTOL and param_abs <= PARAM_ATOL}
     finally:
         dist.destroy_process_group()
+
+
+def _ratio(a: float, b: float) -> float | None:
+    """a / b, None when nothing was measured (no device kernels in the trace)."""
+    return a / b if b else None
 
 
 def _full(t: Any) -> Any:
