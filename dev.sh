@@ -2,11 +2,12 @@
 # One command sets up a virtual environment and runs a job in it:
 #   ./dev.sh demo [demo options]   the demo (a Llama-style model compiled with the passes, fake process group)
 #   ./dev.sh test [pytest options] the test suite
+#   ./dev.sh gpu-check [options]   the CUDA path on one GPU (benchmarks/gpu_check.py; without CUDA: says so, exit 0)
 set -euo pipefail
 cd "$(dirname "$0")"
 job=${1:-}
 [ $# -gt 0 ] && shift
-case "$job" in demo|test) ;; *) echo "usage: ./dev.sh demo|test [options]" >&2; exit 2;; esac
+case "$job" in demo|test|gpu-check) ;; *) echo "usage: ./dev.sh demo|test|gpu-check [options]" >&2; exit 2;; esac
 
 python=${PYTHON:-}
 if [ -z "$python" ]; then
@@ -32,4 +33,5 @@ fi
 case "$job" in
   demo) exec .venv/bin/python -m fsdp_passes demo "$@" ;;
   test) exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile tests "$@" ;;
+  gpu-check) exec .venv/bin/python benchmarks/gpu_check.py "$@" ;;
 esac

@@ -85,6 +85,30 @@ def _compute_nodes(debug_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def compare_nodes(nodes: list[dict[str, Any]], cal: Any) -> dict[str, Any]:
+    """Each compute node's priced duration (``_compute_nodes``) against the measured time of its kernel key in
+    the calibration ``cal`` (``Calibration.kernel_ms``): counts, predicted / measured quantiles per kernel class
+    (aten externs, generated kernels), the matched totals and the twelve largest differences."""
+    by_class: dict[str, list[float]] = {"generated": [], "extern": []}
+    rows = []
+    for n in nodes:
+        measured = cal.kernel_ms(n["key"]) if n["key"] else None
+        rows.append(dict(n, measured_ms=measured))
+        if measured:
+            by_class["extern" if n["key"].startswith("aten.") else "generated"].append(n["ms"] / measured)
+    matched = [r for r in rows if r["measured_ms"] is not None]
+    return {
+        "compute_nodes": len(rows),
+        "compute_nodes_measured": len(matched),
+        "unmatched_keys": sorted({str(r["key"]) for r in rows if r["measured_ms"] is None})[:40],
+        "predicted_over_measured": {k: _quantiles(v) for k, v in by_class.items()},
+        "matched_predicted_ms": sum(r["ms"] for r in matched),
+        "matched_measured_ms": sum(r["measured_ms"] for r in matched),
+        "predicted_compute_ms": sum(r["ms"] for r in rows),
+        "worst": sorted(matched, key=lambda r: -abs(r["ms"] - r["measured_ms"]))[:12],
+    }
+
+
 def run_size(args: argparse.Namespace, size: str, calibrated_recompile: bool) -> dict[str, Any]:
     import torch
     import torch._dynamo
@@ -171,23 +195,7 @@ def run_size(args: argparse.Namespace, size: str, calibrated_recompile: bool) ->
     cal = calibrate_from_trace(trace)
     cal_path = work / "calibration.json"
     cal.save(cal_path)
-    nodes = _compute_nodes(work / "dump_profile")
-    by_class: dict[str, list[float]] = {"generated": [], "extern": []}
-    rows = []
-    for n in nodes:
-        measured = cal.kernel_ms(n["key"]) if n["key"] else None
-        rows.append(dict(n, measured_ms=measured))
-        if measured:
-            by_class["extern" if n["key"].startswith("aten.") else "generated"].append(n["ms"] / measured)
-    matched = [r for r in rows if r["measured_ms"] is not None]
-    result["compute_nodes"] = len(rows)
-    result["compute_nodes_measured"] = len(matched)
-    result["unmatched_keys"] = sorted({str(r["key"]) for r in rows if r["measured_ms"] is None})[:40]
-    result["predicted_over_measured"] = {k: _quantiles(v) for k, v in by_class.items()}
-    result["matched_predicted_ms"] = sum(r["ms"] for r in matched)
-    result["matched_measured_ms"] = sum(r["measured_ms"] for r in matched)
-    result["predicted_compute_ms"] = sum(r["ms"] for r in rows)
-    result["worst"] = sorted(matched, key=lambda r: -abs(r["ms"] - r["measured_ms"]))[:12]
+    result.update(compare_nodes(_compute_nodes(work / "dump_profile"), cal))
 
     if calibrated_recompile:
         torch._dynamo.reset()
