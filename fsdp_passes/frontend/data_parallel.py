@@ -8,6 +8,12 @@ parameter's end are zeros.  ``forward`` reads the attribute (``self.weight``) th
 all-gathers the padded shard and drops the padding, so every rank traces the same graph (equal shard shapes),
 whatever the parameter's size.  The gradient is reduce-scattered back into a padded shard by autograd; its
 padding rows are zero, and a hook hands the real rows to ``param.grad``.
+
+Tensor parallel first (``parallelize_module(model, mesh["tp"], plan)``, then ``data_parallel(model,
+mesh["dp"])``): the padded shard is taken from the tensor-parallel local tensor, the gather runs over dp only and
+hands the module that local tensor as a DTensor on the tp mesh (what the plan's hooks and DTensor ops expect);
+the user's parameter is a DTensor on the combined (dp, tp) mesh (``_StridedShard`` on dp where tp also splits
+dim 0, as FSDP2 does).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ class FSDPParam:
     module_fqn: str  #: owning module FQN, e.g. ``"layers.0.fc1"`` (``""`` for that module itself)
     name: str  #: attribute name on the owning module, e.g. ``"weight"``
     full_shape: tuple[int, ...]  #: the parameter's shape (what the user sees)
+    #: shape the gather returns: ``full_shape``, or with tensor parallelism this rank's tensor-parallel part
+    gathered_shape: tuple[int, ...]
     shard_shape: tuple[int, ...]  #: shape of the stored padded shard (equal on every rank)
     local_rows: int  #: rows of the parameter this rank owns (the shard's other rows are padding)
     orig_dtype: torch.dtype  #: dtype of the stored shard (the optimizer's dtype)
@@ -54,6 +62,9 @@ class FSDPParam:
     reshard_after_forward: bool
     #: the all-gather carries float8 (``float8_e4m3fn``) bytes and one scale per shard (``float8_all_gather``)
     float8_all_gather: bool = False
+    #: the tensor-parallel placements of the parameter (``parallelize_module``'s) on its 1-D tensor-parallel
+    #: mesh; the gathered part is handed to the module as a DTensor with these.  Empty: no tensor parallelism
+    tensor_parallel: tuple = ()
 
 
 class _ShardedParam:
@@ -70,11 +81,12 @@ class _ShardedParam:
     """
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
-                 grad_scale: float) -> None:
+                 grad_scale: float, tp_mesh: Optional[DeviceMesh] = None) -> None:
         self.info = info
-        self.mesh = mesh
+        self.mesh = mesh  #: the parameter's mesh: the data-parallel mesh, followed by ``tp_mesh``'s dimension
         self.placements = placements
-        self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
+        self.tp_mesh = tp_mesh  #: the tensor-parallel mesh the gathered part lives on (None: no tensor parallel)
+        self.gather_args = (info.param_dtype, info.reduce_dtype, info.gathered_shape[0] if info.gathered_shape else 1,
                             info.world_size, info.group_name, info.reduce_scatter_group_name,
                             info.replicate_group_name, grad_scale, info.float8_all_gather)
         self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
@@ -91,7 +103,7 @@ class _ShardedParam:
 
     def _set_storage(self, storage: torch.Tensor) -> None:
         self.storage = storage
-        full_shape = (self.info.full_shape[0], *storage.shape[1:]) if storage.dim() else ()
+        full_shape = (self.info.gathered_shape[0], *storage.shape[1:]) if storage.dim() else ()
         self.unsharded_sink = self._sink(full_shape, storage.device)
         self.partial_sink = self._sink(tuple(storage.shape), storage.device)
         if storage.requires_grad:
@@ -149,8 +161,15 @@ class _ShardedParam:
                 f"({type(owner).__name__}.{name}: assignment or load_state_dict(assign=True)); copy values into it "
                 f"in place instead (param.copy_ / load_state_dict)"
             )
-        return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward,
-                           self.sync_args() + self.gather_args)
+        gathered = gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward,
+                               self.sync_args() + self.gather_args)
+        if self.tp_mesh is None:
+            return gathered
+        # this rank's tensor-parallel part, gathered over data parallel only: what parallelize_module's hooks and
+        # DTensor ops expect (its gradient arrives as this local part, in the layout parallelize_module gave it)
+        shape = torch.Size(self.info.full_shape)
+        return DTensor.from_local(gathered, self.tp_mesh, self.info.tensor_parallel, run_check=False, shape=shape,
+                                  stride=_contiguous_stride(shape))
 
     def apply_to_storage(self, fn: Any) -> None:
         """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
@@ -337,9 +356,12 @@ def _check_fsdp2_only(model: nn.Module, mode: str, offload_policy: Any, shard_pl
                          f"of a parameter returning None or Shard(0)")
     if mode == "replicate":
         raise ValueError("data_parallel: shard_placement_fn is given but mode='replicate' shards nothing")
+    converted = {id(state.param) for mod in model.modules()
+                 for state in (getattr(mod, "_fsdp_shards", None) or {}).values()}
     for fqn, p in model.named_parameters():  # once per parameter, tied ones included
-        # ignored, or sharded by an earlier call (a DTensor, or the original of a tied one): not placed here
-        if id(p) in ignored or isinstance(p, DTensor) or getattr(p, _REPLACED_BY, None) is not None:
+        # ignored, or sharded by an earlier call (or the original of a tied one): not placed here (a tensor-
+        # parallel DTensor is: its local part is sharded on dim 0)
+        if id(p) in ignored or id(p) in converted or getattr(p, _REPLACED_BY, None) is not None:
             continue
         placement = shard_placement_fn(p)
         if isinstance(placement, Shard) and placement.dim < 0:  # as fully_shard: counted from the last dim
@@ -402,8 +424,16 @@ def data_parallel(
     ``model`` becomes a :class:`DataParallelModule`: ``set_requires_gradient_sync`` / ``set_requires_all_reduce``
     switch gradient reduction off for gradient accumulation without communication, as with ``fully_shard``.
 
-    Raises ``ValueError`` naming the module and parameter for what is not supported: parameters that are
-    already DTensors (other than from an earlier ``data_parallel`` call), 0-dim parameters in a sharded mode.
+    Tensor parallel: a parameter that is already a DTensor on a 1-D mesh (``parallelize_module(model,
+    mesh["tp"], plan)`` before this call, ``mesh`` being ``mesh["dp"]``, or ``mesh["replicate", "shard"]`` for
+    hybrid shard) has its tensor-parallel local tensor sharded over ``mesh``; forward gathers it over ``mesh``
+    only and hands the module a DTensor on the tensor-parallel mesh with the plan's placements; the parameter
+    becomes a DTensor on the combined mesh (dp placements, then the plan's; ``_StridedShard(0, split_factor=tp)``
+    on dp where the plan splits dim 0 too, as ``fully_shard`` does).
+
+    Raises ``ValueError`` naming the module and parameter for what is not supported: DTensors on a mesh of more
+    than one dimension, with a placement other than ``Shard`` / ``Replicate``, or on a mesh that is not another
+    named dimension of ``mesh``'s device mesh; 0-dim parameters in a sharded mode.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
@@ -460,10 +490,8 @@ def data_parallel(
                 states[name] = state
                 new_names.append(name)
                 continue
-            if isinstance(p, DTensor):
-                raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
-                                 f"already a DTensor {p.placements}; composing with other DTensor sharding is "
-                                 f"not supported")
+            tensor_parallel = (_tensor_parallel_layout(p, fqn, mod_fqn or type(model).__name__, mesh, placements)
+                               if isinstance(p, DTensor) else None)
             if sharded and p.dim() == 0:
                 raise ValueError(f"data_parallel: parameter {fqn} of module {mod_fqn or type(model).__name__} is "
                                  f"0-dimensional; mode={mode!r} shards dim 0 (use mode='replicate' or "
@@ -471,7 +499,7 @@ def data_parallel(
             states[name] = _shard(p, fqn, mod_fqn, name, world, rank, mesh, placements, groups, param_dtype,
                                   mp_policy.reduce_dtype, reshard_after_forward and sharded, 1.0 / divide,
                                   float8_all_gather and isinstance(mod, nn.Linear) and name == "weight"
-                                  and p.dim() == 2)
+                                  and p.dim() == 2, tensor_parallel)
             named.add(id(states[name]))
             managed.append(states[name])
             new_names.append(name)
@@ -495,6 +523,47 @@ def data_parallel(
     return model
 
 
+@dataclass(frozen=True)
+class _TensorParallelLayout:
+    """Where a parameter that ``parallelize_module`` made a DTensor lives once its local part is sharded over
+    data parallel (FSDP2's layout, so that state dicts and checkpoints interchange with ``fully_shard``)."""
+
+    tp_mesh: DeviceMesh  #: the parameter's own 1-D (tensor-parallel) mesh
+    tp_placements: tuple  #: its placements there
+    mesh: DeviceMesh  #: the data-parallel mesh's dimensions followed by ``tp_mesh``'s
+    placements: tuple  #: the data-parallel placements followed by ``tp_placements``
+
+
+def _tensor_parallel_layout(p: DTensor, fqn: str, module: str, dp_mesh: DeviceMesh,
+                            dp_placements: tuple) -> _TensorParallelLayout:
+    """The layout of ``p``, a DTensor on a 1-D tensor-parallel mesh, after data parallel over ``dp_mesh``;
+    ``ValueError`` for the DTensors this frontend cannot shard further."""
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    where = f"data_parallel: parameter {fqn} of module {module} is a DTensor"
+    tp_mesh = p.device_mesh
+    if tp_mesh.ndim != 1:
+        raise ValueError(f"{where} on a {tp_mesh.ndim}-D mesh {tp_mesh} with placements {p.placements!r}; supported: "
+                         f"a DTensor on a 1-D tensor-parallel mesh (parallelize_module(model, mesh['tp'], plan))")
+    (tp_placement,) = p.placements
+    if not (type(tp_placement) is Shard or isinstance(tp_placement, Replicate)):
+        raise ValueError(f"{where} with placement {tp_placement!r}; supported tensor-parallel placements: Shard(dim), "
+                         f"Replicate()")
+    try:
+        mesh = DeviceMesh._concatenate([dp_mesh, tp_mesh])
+    except (RuntimeError, AssertionError, TypeError) as e:  # other root mesh, overlapping dims, unnamed dims
+        raise ValueError(f"{where} on mesh {tp_mesh}, which does not combine with mesh={dp_mesh} ({e}); the data-"
+                         f"parallel and tensor-parallel meshes must be distinct named dimensions of one DeviceMesh, "
+                         f"e.g. mesh = init_device_mesh(device, (dp, tp), mesh_dim_names=('dp', 'tp')), "
+                         f"parallelize_module(model, mesh['tp'], plan), data_parallel(model, mesh['dp'])") from None
+    # where tensor parallel also splits dim 0, it split first: each tp part's rows are then split over dp, which
+    # DTensor's left-to-right placements write as a strided shard over the tp parts (FSDP2 and torchtitan do too)
+    tp_parts = p._spec.num_shards_map[0]
+    placements = tuple(_StridedShard(0, split_factor=tp_parts) if isinstance(pl, Shard) and tp_parts > 1 else pl
+                       for pl in dp_placements) + (tp_placement,)
+    return _TensorParallelLayout(tp_mesh, (tp_placement,), mesh, placements)
+
+
 def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, named: set[int]) -> None:
     """Name ``state`` after this owner if it is the first of this call to reach it (a tied parameter's later
     owners share the name: it is what the traced gather is tagged with)."""
@@ -511,30 +580,39 @@ def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
 
 def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank: int, mesh: DeviceMesh,
            placements: tuple, groups: tuple, param_dtype: Optional[torch.dtype], reduce_dtype: Optional[torch.dtype],
-           reshard_after_forward: bool, grad_scale: float, float8_all_gather: bool) -> _ShardedParam:
+           reshard_after_forward: bool, grad_scale: float, float8_all_gather: bool,
+           tensor_parallel: Optional[_TensorParallelLayout] = None) -> _ShardedParam:
+    """Store ``p`` (with ``tensor_parallel``: its tensor-parallel local part) as this rank's padded dim-0 shard."""
     gather_group, rs_group, ar_group = groups
-    full_shape = tuple(p.shape)
+    local = p.to_local() if tensor_parallel is not None else p
+    gathered_shape = tuple(local.shape)
     if gather_group is not None:
-        rows_per_rank = math.ceil(full_shape[0] / world)
-        start = min(rank * rows_per_rank, full_shape[0])
-        local_rows = max(0, min(rows_per_rank, full_shape[0] - start))
-        shard_shape = (rows_per_rank, *full_shape[1:])
-        storage = torch.zeros(shard_shape, dtype=p.dtype, device=p.device)
-        if p.device.type != "meta":
-            storage[:local_rows].copy_(p.detach()[start:start + local_rows])
+        rows_per_rank = math.ceil(gathered_shape[0] / world)
+        start = min(rank * rows_per_rank, gathered_shape[0])
+        local_rows = max(0, min(rows_per_rank, gathered_shape[0] - start))
+        shard_shape = (rows_per_rank, *gathered_shape[1:])
+        storage = torch.zeros(shard_shape, dtype=local.dtype, device=local.device)
+        if local.device.type != "meta":
+            storage[:local_rows].copy_(local.detach()[start:start + local_rows])
     else:
-        local_rows = full_shape[0] if full_shape else 0
-        shard_shape = full_shape
-        storage = p.detach().clone()
+        local_rows = gathered_shape[0] if gathered_shape else 0
+        shard_shape = gathered_shape
+        storage = local.detach().clone()
     storage.requires_grad_(p.requires_grad)
     info = FSDPParam(
-        fqn=fqn, module_fqn=mod_fqn, name=name, full_shape=full_shape, shard_shape=shard_shape, local_rows=local_rows,
+        fqn=fqn, module_fqn=mod_fqn, name=name, full_shape=tuple(p.shape), gathered_shape=gathered_shape,
+        shard_shape=shard_shape, local_rows=local_rows,
         orig_dtype=p.dtype, param_dtype=param_dtype, reduce_dtype=reduce_dtype or param_dtype or p.dtype,
         group_name=gather_group, world_size=world, reduce_scatter_group_name=rs_group if gather_group else None,
         replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
         float8_all_gather=float8_all_gather and gather_group is not None,
+        tensor_parallel=tensor_parallel.tp_placements if tensor_parallel is not None else (),
     )
-    state = _ShardedParam(info, storage, mesh, placements, grad_scale)
+    if tensor_parallel is not None:
+        state = _ShardedParam(info, storage, tensor_parallel.mesh, tensor_parallel.placements, grad_scale,
+                              tensor_parallel.tp_mesh)
+    else:
+        state = _ShardedParam(info, storage, mesh, placements, grad_scale)
     # on the parameter it replaces: a tied parameter's other owners still hold that one until a call that reaches
     # them (on an ancestor, or on one of them) gives them this state
     setattr(p, _REPLACED_BY, state)

@@ -41,6 +41,9 @@ __all__ = [
     "hsdp",
     "TPMLP",
     "build_tp_mlp",
+    "SequenceParallelLM",
+    "build_sequence_parallel_lm",
+    "sequence_parallel_plan",
 ]
 
 from ..frontend import FSDP_PARAM_META_KEY, FSDPParam, MixedPrecisionPolicy, data_parallel, sharded_params
@@ -362,3 +365,88 @@ def build_tp_mlp(n_layers: int = 2, dim: int = 64, *, hidden: Optional[int] = No
     if fsdp_options:
         raise TypeError(f"simple_fsdp options {sorted(fsdp_options)} given with fsdp=False")
     return model
+
+
+# --------------------------------------------------------------------------------------------------
+# A language model for torch's own tensor / sequence parallelism (``parallelize_module``)
+# --------------------------------------------------------------------------------------------------
+
+class _SPFeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden)
+        self.w2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class _SPBlock(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.ffn = _SPFeedForward(dim, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.ffn(self.norm(x))
+
+
+class SequenceParallelLM(nn.Module):
+    """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``: an embedding, pre-norm feed-forward blocks
+    (``norm``, ``ffn.w1``, ``ffn.w2``, biases included), a final norm and an output projection with a bias.
+    Plain modules: :func:`sequence_parallel_plan` is the ``parallelize_module`` plan that makes it tensor and
+    sequence parallel."""
+
+    def __init__(self, vocab: int, dim: int, hidden: int, n_layers: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.layers = nn.ModuleList(_SPBlock(dim, hidden) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
+def build_sequence_parallel_lm(vocab: int = 22, dim: int = 16, hidden: int = 24, n_layers: int = 1,
+                               seed: int = 0) -> SequenceParallelLM:
+    """A seeded :class:`SequenceParallelLM` (every parameter, norms and biases too, perturbed from its default
+    init so that none is a constant)."""
+    with _seeded(seed):
+        model = SequenceParallelLM(vocab, dim, hidden, n_layers)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def sequence_parallel_plan(model: SequenceParallelLM) -> dict[str, Any]:
+    """The ``parallelize_module`` plan of :class:`SequenceParallelLM` (torchtitan's layout for Llama):
+    the embedding ``RowwiseParallel`` into a sequence-sharded residual stream, norms ``SequenceParallel``, each
+    feed-forward's input all-gathered by ``PrepareModuleInput``, ``w1`` ``ColwiseParallel``, ``w2``
+    ``RowwiseParallel`` reduce-scattered back to sequence shards, the output ``ColwiseParallel`` gathered to
+    replicated logits.  The sequence length must divide by the tensor-parallel size."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for i in range(len(model.layers)):
+        plan.update({
+            f"layers.{i}.norm": SequenceParallel(),
+            f"layers.{i}.ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            f"layers.{i}.ffn.w1": ColwiseParallel(),
+            f"layers.{i}.ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return plan
