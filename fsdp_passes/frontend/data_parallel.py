@@ -12,6 +12,7 @@ padding rows are zero, and a hook hands the real rows to ``param.grad``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -67,21 +68,36 @@ class _ShardedParam:
     accumulator), the sink itself costs nothing.  The first gather of the next forward that reduces takes the
     accumulators (``_taken``: a tied or twice-read parameter has several gathers, only one may add them); the
     hook of whatever receives that backward's result frees them.
+
+    ``reduce_dtype_follows_param``: no ``mp_policy`` dtype was given, so the gradient is reduced in the
+    parameter's dtype, also after ``module.to(dtype)`` (as FSDP2 does).
     """
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
-                 grad_scale: float) -> None:
+                 grad_scale: float, reduce_dtype_follows_param: bool) -> None:
         self.info = info
         self.mesh = mesh
         self.placements = placements
-        self.gather_args = (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1,
-                            info.world_size, info.group_name, info.reduce_scatter_group_name,
-                            info.replicate_group_name, grad_scale, info.float8_all_gather)
+        self.grad_scale = grad_scale
+        self.reduce_dtype_follows_param = reduce_dtype_follows_param
+        self.gather_args = self._gather_args()
         self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
         self.requires_all_reduce = True  #: all-reduce over the replica group in backward
         self._taken = False  #: a forward since the last reduction took the accumulators
         self.param = nn.Parameter(self._as_dtensor(storage.detach()), requires_grad=storage.requires_grad)
-        self._set_storage(storage)
+        self.storage = storage
+        full_shape = (info.full_shape[0], *storage.shape[1:]) if storage.dim() else ()
+        self.unsharded_sink = self._sink(full_shape, storage.device)
+        self.partial_sink = self._sink(tuple(storage.shape), storage.device)
+        self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
+        self._watch_storage()
+
+    def _gather_args(self) -> tuple:
+        """``GatherShard``'s arguments after the accumulation ones (``sync_args``)."""
+        info = self.info
+        return (info.param_dtype, info.reduce_dtype, info.full_shape[0] if info.full_shape else 1, info.world_size,
+                info.group_name, info.reduce_scatter_group_name, info.replicate_group_name, self.grad_scale,
+                info.float8_all_gather)
 
     def _as_dtensor(self, padded: torch.Tensor) -> DTensor:
         local = padded.narrow(0, 0, self.info.local_rows) if self.info.group_name is not None else padded
@@ -89,14 +105,19 @@ class _ShardedParam:
         return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape))
 
-    def _set_storage(self, storage: torch.Tensor) -> None:
-        self.storage = storage
-        full_shape = (self.info.full_shape[0], *storage.shape[1:]) if storage.dim() else ()
-        self.unsharded_sink = self._sink(full_shape, storage.device)
-        self.partial_sink = self._sink(tuple(storage.shape), storage.device)
-        if storage.requires_grad:
-            storage.register_post_accumulate_grad_hook(self._move_grad)
-            self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
+    def _watch_storage(self) -> None:
+        if self.storage.requires_grad:
+            self.storage.register_post_accumulate_grad_hook(self._move_grad)
+
+    def _move_sinks(self, device: torch.device) -> None:
+        """Re-create the sinks on ``device`` in ``reduce_dtype``, each with what it accumulated (converted)."""
+        for name in ("unsharded_sink", "partial_sink"):
+            old: torch.Tensor = getattr(self, name)
+            sink = self._sink(tuple(old.shape), device)
+            if old.grad is not None:
+                sink.grad = old.grad.to(device=device, dtype=sink.dtype)
+            setattr(self, name, sink)
+        self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
 
     def _sink(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         one = torch.zeros((), dtype=self.info.reduce_dtype, device=device)
@@ -152,17 +173,50 @@ class _ShardedParam:
         return gather_full(self.storage, self.info.fqn, self.info.reshard_after_forward,
                            self.sync_args() + self.gather_args)
 
-    def apply_to_storage(self, fn: Any) -> None:
-        """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
-        new = fn(self.storage.detach())
-        if new is self.storage:
+    def pending_accumulators(self) -> bool:
+        """Whether gradients accumulated without sync (or without the all-reduce) wait for a reducing backward."""
+        return self.unsharded_sink.grad is not None or self.partial_sink.grad is not None
+
+    def check_conversion(self, fn: Any) -> None:
+        """Raise before ``module._apply(fn)`` changes anything if it would lose the pending accumulators: they
+        follow the shard's device, which a meta tensor cannot hold values on, nor give values from."""
+        if not self.pending_accumulators():
             return
-        new = new.detach().requires_grad_(self.param.requires_grad)
+        # an empty tensor of the shard's kind tells where ``fn`` sends the shard, without copying it
+        target = fn(self.storage.detach().reshape(-1)[:0]).device
+        if target != self.storage.device and "meta" in (target.type, self.storage.device.type):
+            raise RuntimeError(
+                f"data_parallel: parameter {self.info.fqn} holds gradients accumulated without sync "
+                f"(set_requires_gradient_sync(False) / set_requires_all_reduce(False)); moving it from "
+                f"{self.storage.device} to {target} would lose them (a meta tensor holds no values): run a backward "
+                f"with gradient sync on first")
+
+    def apply_to_storage(self, fn: Any) -> None:
+        """Convert the padded shard with ``fn`` (``module.to(...)``, ``to_empty``), after ``nn.Module._apply``
+        converted the parameter (and its ``.grad``), and re-point the parameter at the shard.
+
+        A no-op (``fn`` returns its input) keeps the shard itself.  The pending accumulators are kept: in
+        ``reduce_dtype`` (which follows the parameter's dtype only where no ``mp_policy`` dtype fixed it), on the
+        shard's device."""
+        detached = self.storage.detach()
+        new = fn(detached)
+        if new is not detached:
+            self.storage = new.detach().requires_grad_(self.param.requires_grad)
+            self._watch_storage()
+            if new.dtype != self.info.orig_dtype:
+                follows = self.reduce_dtype_follows_param and new.dtype.is_floating_point
+                self.info = dataclasses.replace(self.info, orig_dtype=new.dtype,
+                                                reduce_dtype=new.dtype if follows else self.info.reduce_dtype)
+                self.gather_args = self._gather_args()
+            if (new.device, self.info.reduce_dtype) != (self.unsharded_sink.device, self.unsharded_sink.dtype):
+                self._move_sinks(new.device)
         # swap, not ``.data =``: a DTensor keeps its local tensor in a Python attribute that ``.data`` leaves
-        # alone; the parameter object (held by optimizers and the module) stays the same
-        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(new.detach()),
+        # alone; the parameter object (held by optimizers and the module) stays the same.  Its ``.grad`` (which
+        # ``nn.Module._apply`` converted) is set aside: a swap would exchange it with the new tensor's none
+        grad, self.param.grad = self.param.grad, None
+        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(self.storage.detach()),
                                                           requires_grad=self.param.requires_grad))
-        self._set_storage(new)
+        self.param.grad = grad
 
 
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -188,6 +242,10 @@ def _make_property(name: str) -> property:
 
 
 def _apply_then_reshard(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+    # checked for the whole subtree before its first tensor is converted: an error leaves the module as it was
+    for mod in self.modules() if recurse else (self,):
+        for state in (getattr(mod, "_fsdp_shards", None) or {}).values():
+            state.check_conversion(fn)
     super(self._fsdp_property_class, self)._apply(fn, recurse)
     for state in self._fsdp_shards.values():
         state.apply_to_storage(fn)
@@ -504,8 +562,6 @@ def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, nam
 
 
 def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
-    import dataclasses
-
     return dataclasses.replace(info, fqn=fqn, module_fqn=module_fqn)
 
 
@@ -534,7 +590,8 @@ def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank:
         replicate_group_name=ar_group, reshard_after_forward=reshard_after_forward,
         float8_all_gather=float8_all_gather and gather_group is not None,
     )
-    state = _ShardedParam(info, storage, mesh, placements, grad_scale)
+    state = _ShardedParam(info, storage, mesh, placements, grad_scale,
+                          reduce_dtype_follows_param=reduce_dtype is None and param_dtype is None)
     # on the parameter it replaces: a tied parameter's other owners still hold that one until a call that reaches
     # them (on an ancestor, or on one of them) gives them this state
     setattr(p, _REPLACED_BY, state)
