@@ -451,6 +451,7 @@ def data_parallel(
         bytes with its scale; the gathered rows are dequantised (each rank's by its scale) to ``param_dtype``
         (or the parameter's dtype).  Half the bytes of a bf16 gather (plus 4 bytes per rank); gradients are
         unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.
+        An all-zero shard comes back as zeros; an inf or NaN in a shard makes that shard's rows NaN on every rank.
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
