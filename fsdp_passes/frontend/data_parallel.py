@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -241,11 +242,16 @@ def _make_property(name: str) -> property:
     return property(get, set_)
 
 
+def _states_below(module: nn.Module) -> Iterable[_ShardedParam]:
+    """The converted parameters' states of ``module`` and its descendants (a tied one once per owner)."""
+    for mod in module.modules():
+        yield from (getattr(mod, "_fsdp_shards", None) or {}).values()
+
+
 def _apply_then_reshard(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
     # checked for the whole subtree before its first tensor is converted: an error leaves the module as it was
-    for mod in self.modules() if recurse else (self,):
-        for state in (getattr(mod, "_fsdp_shards", None) or {}).values():
-            state.check_conversion(fn)
+    for state in _states_below(self) if recurse else self._fsdp_shards.values():
+        state.check_conversion(fn)
     super(self._fsdp_property_class, self)._apply(fn, recurse)
     for state in self._fsdp_shards.values():
         state.apply_to_storage(fn)
@@ -450,8 +456,9 @@ def data_parallel(
         ``float8_e4m3fn``: each rank scales its shard by ``448 / amax(|shard|)``, clamps, casts and sends the
         bytes with its scale; the gathered rows are dequantised (each rank's by its scale) to ``param_dtype``
         (or the parameter's dtype).  Half the bytes of a bf16 gather (plus 4 bytes per rank); gradients are
-        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.
-        An all-zero shard comes back as zeros; an inf or NaN in a shard makes that shard's rows NaN on every rank.
+        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.  An
+        all-zero shard comes back as zeros; an inf or NaN in a shard makes that shard's rows NaN on every rank.
+        Warns (``UserWarning``) when no parameter of ``model`` ends up gathered in float8.
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
@@ -466,6 +473,7 @@ def data_parallel(
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
+    model_name = type(model).__name__  # before this call's conversion renames the class
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor,
                    float8_all_gather)
@@ -497,8 +505,7 @@ def data_parallel(
 
     # another owner of a tied parameter finds its state on the parameter it still holds (``_REPLACED_BY``), or,
     # holding the converted parameter, through the owners converted so far
-    converted = {id(state.param): state for mod in model.modules()
-                 for state in (getattr(mod, "_fsdp_shards", None) or {}).values()}
+    converted = {id(state.param): state for state in _states_below(model)}
     named: set[int] = set()  # states named in this call: after the first owner in ``named_modules`` order
     managed: list[_ShardedParam] = []  # states created by this call
     for mod_fqn, mod in model.named_modules():
@@ -549,9 +556,25 @@ def data_parallel(
         if getattr(type(model), "_fsdp_cast_class", None) is not type(model):
             model.__class__ = _cast_class(type(model))
     model._fsdp_managed = (*getattr(model, "_fsdp_managed", ()), *managed)
+    if float8_all_gather:
+        _warn_if_nothing_gathers_in_float8(model, model_name, managed)
     if not isinstance(model, DataParallelModule):
         model.__class__ = _with_sync_switches(type(model))
     return model
+
+
+def _warn_if_nothing_gathers_in_float8(model: nn.Module, model_name: str, managed: list[_ShardedParam]) -> None:
+    """``float8_all_gather=True`` reaches only ``nn.Linear`` weights: say so when no parameter of ``model``
+    gathers in float8 (not this call's, nor an earlier call's below it, as when the root call of a model whose
+    blocks were converted first converts only an embedding)."""
+    if any(state.info.float8_all_gather for state in _states_below(model)):
+        return
+    converted = (f"converted {', '.join(s.info.fqn for s in managed[:4])}{', ...' if len(managed) > 4 else ''} "
+                 f"({len(managed)}), no nn.Linear weight among them" if managed else "converted no parameter")
+    warnings.warn(
+        f"data_parallel({model_name}, float8_all_gather=True): no parameter is gathered in float8. The option "
+        f"applies to the weights of the nn.Linear modules (2-D) a call converts; this call {converted}, so it "
+        f"gathers as without the option", UserWarning, stacklevel=3)
 
 
 def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, named: set[int]) -> None:
