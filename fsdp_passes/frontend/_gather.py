@@ -18,6 +18,9 @@ FSDP_PARAM_META_KEY = "fsdp_param"
 #: dtype of a float8 all-gather's payload, and its largest finite value (the scale maps the amax onto it)
 FLOAT8_DTYPE = torch.float8_e4m3fn
 FLOAT8_MAX = float(torch.finfo(FLOAT8_DTYPE).max)
+#: the largest scale: ``FLOAT8_MAX / amax`` is clamped to it through the amax (an all-zero shard's amax is 0).
+#: A power of two well inside float32's range, so that the scale, and dividing by it, stay finite and exact
+FLOAT8_MAX_SCALE = 2.0 ** 126
 
 
 class GatherShard(torch.autograd.Function):
@@ -98,10 +101,17 @@ def _gather_float8(shard: torch.Tensor, out_dtype: torch.dtype, full_rows: int, 
     those bytes followed by its scale's 4 bytes (float32) in one ``uint8`` all-gather (gloo has no float8
     type; the bytes are the same on every backend).  Every rank then divides each rank's rows by that rank's
     scale, in float32.  Nothing but the gather is communicated: the gather depends on no other collective,
-    so float8 gathers bucket like any others."""
+    so float8 gathers bucket like any others.
+
+    The scale is at most ``FLOAT8_MAX_SCALE``: an all-zero shard (zero-initialised weights such as a LoRA B,
+    padding-only shards) sends zeros and comes back as exact zeros.  A non-finite element (inf or NaN) makes
+    the amax, hence the scale, non-finite: that rank's rows come back NaN, the same on every rank (each divides
+    the same bytes by the same scale), the other ranks' rows as usual.  Only ``FLOAT8_SCALING_OPS`` are used,
+    which is what lets the passes see a parameter gather (``dag/ops.py``)."""
     s = shard.to(torch.float32)
-    # an all-zero shard (zero-initialised weights, padding-only shards): any finite scale gives zeros back
-    scale = FLOAT8_MAX / s.abs().amax().reshape(1).clamp(min=torch.finfo(torch.float32).tiny)
+    # clamped through the amax (a ``clamp_min``, one of the scaling ops), not with a tiny floor: 448 / tiny
+    # overflows to inf, and 0 * inf is NaN
+    scale = FLOAT8_MAX / s.abs().amax().reshape(1).clamp(min=FLOAT8_MAX / FLOAT8_MAX_SCALE)
     q = (s * scale).clamp(-FLOAT8_MAX, FLOAT8_MAX).to(FLOAT8_DTYPE).view(torch.uint8).reshape(-1)
     pad = -q.numel() % 4  # the scale starts at a multiple of 4 bytes in every rank's part
     payload = torch.cat([torch.constant_pad_nd(q, [0, pad]) if pad else q, scale.view(torch.uint8)])

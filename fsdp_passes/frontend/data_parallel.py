@@ -18,8 +18,10 @@ dim 0, as FSDP2 does).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Union
 
@@ -78,22 +80,37 @@ class _ShardedParam:
     accumulator), the sink itself costs nothing.  The first gather of the next forward that reduces takes the
     accumulators (``_taken``: a tied or twice-read parameter has several gathers, only one may add them); the
     hook of whatever receives that backward's result frees them.
+
+    ``reduce_dtype_follows_param``: no ``mp_policy`` dtype was given, so the gradient is reduced in the
+    parameter's dtype, also after ``module.to(dtype)`` (as FSDP2 does).
     """
 
     def __init__(self, info: FSDPParam, storage: torch.Tensor, mesh: DeviceMesh, placements: tuple,
-                 grad_scale: float, tp_mesh: Optional[DeviceMesh] = None) -> None:
+                 grad_scale: float, reduce_dtype_follows_param: bool, tp_mesh: Optional[DeviceMesh] = None) -> None:
         self.info = info
         self.mesh = mesh  #: the parameter's mesh: the data-parallel mesh, followed by ``tp_mesh``'s dimension
         self.placements = placements
         self.tp_mesh = tp_mesh  #: the tensor-parallel mesh the gathered part lives on (None: no tensor parallel)
-        self.gather_args = (info.param_dtype, info.reduce_dtype, info.gathered_shape[0] if info.gathered_shape else 1,
-                            info.world_size, info.group_name, info.reduce_scatter_group_name,
-                            info.replicate_group_name, grad_scale, info.float8_all_gather)
+        self.grad_scale = grad_scale
+        self.reduce_dtype_follows_param = reduce_dtype_follows_param
+        self.gather_args = self._gather_args()
         self.requires_gradient_sync = True  #: reduce-scatter (and all-reduce) in backward
         self.requires_all_reduce = True  #: all-reduce over the replica group in backward
         self._taken = False  #: a forward since the last reduction took the accumulators
         self.param = nn.Parameter(self._as_dtensor(storage.detach()), requires_grad=storage.requires_grad)
-        self._set_storage(storage)
+        self.storage = storage
+        full_shape = (info.gathered_shape[0], *storage.shape[1:]) if storage.dim() else ()
+        self.unsharded_sink = self._sink(full_shape, storage.device)
+        self.partial_sink = self._sink(tuple(storage.shape), storage.device)
+        self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
+        self._watch_storage()
+
+    def _gather_args(self) -> tuple:
+        """``GatherShard``'s arguments after the accumulation ones (``sync_args``)."""
+        info = self.info
+        return (info.param_dtype, info.reduce_dtype, info.gathered_shape[0] if info.gathered_shape else 1, info.world_size,
+                info.group_name, info.reduce_scatter_group_name, info.replicate_group_name, self.grad_scale,
+                info.float8_all_gather)
 
     def _as_dtensor(self, padded: torch.Tensor) -> DTensor:
         local = padded.narrow(0, 0, self.info.local_rows) if self.info.group_name is not None else padded
@@ -101,14 +118,19 @@ class _ShardedParam:
         return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape))
 
-    def _set_storage(self, storage: torch.Tensor) -> None:
-        self.storage = storage
-        full_shape = (self.info.gathered_shape[0], *storage.shape[1:]) if storage.dim() else ()
-        self.unsharded_sink = self._sink(full_shape, storage.device)
-        self.partial_sink = self._sink(tuple(storage.shape), storage.device)
-        if storage.requires_grad:
-            storage.register_post_accumulate_grad_hook(self._move_grad)
-            self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
+    def _watch_storage(self) -> None:
+        if self.storage.requires_grad:
+            self.storage.register_post_accumulate_grad_hook(self._move_grad)
+
+    def _move_sinks(self, device: torch.device) -> None:
+        """Re-create the sinks on ``device`` in ``reduce_dtype``, each with what it accumulated (converted)."""
+        for name in ("unsharded_sink", "partial_sink"):
+            old: torch.Tensor = getattr(self, name)
+            sink = self._sink(tuple(old.shape), device)
+            if old.grad is not None:
+                sink.grad = old.grad.to(device=device, dtype=sink.dtype)
+            setattr(self, name, sink)
+        self.partial_sink.register_post_accumulate_grad_hook(self._partial_accumulated)
 
     def _sink(self, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
         one = torch.zeros((), dtype=self.info.reduce_dtype, device=device)
@@ -171,17 +193,50 @@ class _ShardedParam:
         return DTensor.from_local(gathered, self.tp_mesh, self.info.tensor_parallel, run_check=False, shape=shape,
                                   stride=_contiguous_stride(shape))
 
-    def apply_to_storage(self, fn: Any) -> None:
-        """Re-create the padded shard with ``fn`` (``module.to(...)``, ``to_empty``) and re-point the parameter."""
-        new = fn(self.storage.detach())
-        if new is self.storage:
+    def pending_accumulators(self) -> bool:
+        """Whether gradients accumulated without sync (or without the all-reduce) wait for a reducing backward."""
+        return self.unsharded_sink.grad is not None or self.partial_sink.grad is not None
+
+    def check_conversion(self, fn: Any) -> None:
+        """Raise before ``module._apply(fn)`` changes anything if it would lose the pending accumulators: they
+        follow the shard's device, which a meta tensor cannot hold values on, nor give values from."""
+        if not self.pending_accumulators():
             return
-        new = new.detach().requires_grad_(self.param.requires_grad)
+        # an empty tensor of the shard's kind tells where ``fn`` sends the shard, without copying it
+        target = fn(self.storage.detach().reshape(-1)[:0]).device
+        if target != self.storage.device and "meta" in (target.type, self.storage.device.type):
+            raise RuntimeError(
+                f"data_parallel: parameter {self.info.fqn} holds gradients accumulated without sync "
+                f"(set_requires_gradient_sync(False) / set_requires_all_reduce(False)); moving it from "
+                f"{self.storage.device} to {target} would lose them (a meta tensor holds no values): run a backward "
+                f"with gradient sync on first")
+
+    def apply_to_storage(self, fn: Any) -> None:
+        """Convert the padded shard with ``fn`` (``module.to(...)``, ``to_empty``), after ``nn.Module._apply``
+        converted the parameter (and its ``.grad``), and re-point the parameter at the shard.
+
+        A no-op (``fn`` returns its input) keeps the shard itself.  The pending accumulators are kept: in
+        ``reduce_dtype`` (which follows the parameter's dtype only where no ``mp_policy`` dtype fixed it), on the
+        shard's device."""
+        detached = self.storage.detach()
+        new = fn(detached)
+        if new is not detached:
+            self.storage = new.detach().requires_grad_(self.param.requires_grad)
+            self._watch_storage()
+            if new.dtype != self.info.orig_dtype:
+                follows = self.reduce_dtype_follows_param and new.dtype.is_floating_point
+                self.info = dataclasses.replace(self.info, orig_dtype=new.dtype,
+                                                reduce_dtype=new.dtype if follows else self.info.reduce_dtype)
+                self.gather_args = self._gather_args()
+            if (new.device, self.info.reduce_dtype) != (self.unsharded_sink.device, self.unsharded_sink.dtype):
+                self._move_sinks(new.device)
         # swap, not ``.data =``: a DTensor keeps its local tensor in a Python attribute that ``.data`` leaves
-        # alone; the parameter object (held by optimizers and the module) stays the same
-        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(new.detach()),
+        # alone; the parameter object (held by optimizers and the module) stays the same.  Its ``.grad`` (which
+        # ``nn.Module._apply`` converted) is set aside: a swap would exchange it with the new tensor's none
+        grad, self.param.grad = self.param.grad, None
+        torch.utils.swap_tensors(self.param, nn.Parameter(self._as_dtensor(self.storage.detach()),
                                                           requires_grad=self.param.requires_grad))
-        self._set_storage(new)
+        self.param.grad = grad
 
 
 def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -206,7 +261,16 @@ def _make_property(name: str) -> property:
     return property(get, set_)
 
 
+def _states_below(module: nn.Module) -> Iterable[_ShardedParam]:
+    """The converted parameters' states of ``module`` and its descendants (a tied one once per owner)."""
+    for mod in module.modules():
+        yield from (getattr(mod, "_fsdp_shards", None) or {}).values()
+
+
 def _apply_then_reshard(self: nn.Module, fn: Any, recurse: bool = True) -> nn.Module:
+    # checked for the whole subtree before its first tensor is converted: an error leaves the module as it was
+    for state in _states_below(self) if recurse else self._fsdp_shards.values():
+        state.check_conversion(fn)
     super(self._fsdp_property_class, self)._apply(fn, recurse)
     for state in self._fsdp_shards.values():
         state.apply_to_storage(fn)
@@ -414,7 +478,9 @@ def data_parallel(
         ``float8_e4m3fn``: each rank scales its shard by ``448 / amax(|shard|)``, clamps, casts and sends the
         bytes with its scale; the gathered rows are dequantised (each rank's by its scale) to ``param_dtype``
         (or the parameter's dtype).  Half the bytes of a bf16 gather (plus 4 bytes per rank); gradients are
-        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.
+        unchanged (straight-through, reduced as without it).  Other parameters are gathered as without it.  An
+        all-zero shard comes back as zeros; an inf or NaN in a shard makes that shard's rows NaN on every rank.
+        Warns (``UserWarning``) when no parameter of ``model`` ends up gathered in float8.
 
     A parameter shared by several modules (tied embeddings) is sharded once, under its first name in
     ``named_modules`` order, and stays one ``nn.Parameter`` for all of them; each owner gathers it when it reads
@@ -437,6 +503,7 @@ def data_parallel(
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"data_parallel: model={type(model).__name__}; expected an nn.Module")
+    model_name = type(model).__name__  # before this call's conversion renames the class
     mesh = _default_mesh(mode, model) if mesh is None else mesh
     _check_options(mode, mesh, mp_policy, reshard_after_forward, reduce_scatter_group, gradient_divide_factor,
                    float8_all_gather)
@@ -468,8 +535,7 @@ def data_parallel(
 
     # another owner of a tied parameter finds its state on the parameter it still holds (``_REPLACED_BY``), or,
     # holding the converted parameter, through the owners converted so far
-    converted = {id(state.param): state for mod in model.modules()
-                 for state in (getattr(mod, "_fsdp_shards", None) or {}).values()}
+    converted = {id(state.param): state for state in _states_below(model)}
     named: set[int] = set()  # states named in this call: after the first owner in ``named_modules`` order
     managed: list[_ShardedParam] = []  # states created by this call
     for mod_fqn, mod in model.named_modules():
@@ -518,6 +584,8 @@ def data_parallel(
         if getattr(type(model), "_fsdp_cast_class", None) is not type(model):
             model.__class__ = _cast_class(type(model))
     model._fsdp_managed = (*getattr(model, "_fsdp_managed", ()), *managed)
+    if float8_all_gather:
+        _warn_if_nothing_gathers_in_float8(model, model_name, managed)
     if not isinstance(model, DataParallelModule):
         model.__class__ = _with_sync_switches(type(model))
     return model
@@ -564,6 +632,20 @@ def _tensor_parallel_layout(p: DTensor, fqn: str, module: str, dp_mesh: DeviceMe
     return _TensorParallelLayout(tp_mesh, (tp_placement,), mesh, placements)
 
 
+def _warn_if_nothing_gathers_in_float8(model: nn.Module, model_name: str, managed: list[_ShardedParam]) -> None:
+    """``float8_all_gather=True`` reaches only ``nn.Linear`` weights: say so when no parameter of ``model``
+    gathers in float8 (not this call's, nor an earlier call's below it, as when the root call of a model whose
+    blocks were converted first converts only an embedding)."""
+    if any(state.info.float8_all_gather for state in _states_below(model)):
+        return
+    converted = (f"converted {', '.join(s.info.fqn for s in managed[:4])}{', ...' if len(managed) > 4 else ''} "
+                 f"({len(managed)}), no nn.Linear weight among them" if managed else "converted no parameter")
+    warnings.warn(
+        f"data_parallel({model_name}, float8_all_gather=True): no parameter is gathered in float8. The option "
+        f"applies to the weights of the nn.Linear modules (2-D) a call converts; this call {converted}, so it "
+        f"gathers as without the option", UserWarning, stacklevel=3)
+
+
 def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, named: set[int]) -> None:
     """Name ``state`` after this owner if it is the first of this call to reach it (a tied parameter's later
     owners share the name: it is what the traced gather is tagged with)."""
@@ -573,8 +655,6 @@ def _name_after_first_owner(state: _ShardedParam, fqn: str, module_fqn: str, nam
 
 
 def _with_fqn(info: FSDPParam, fqn: str, module_fqn: str) -> FSDPParam:
-    import dataclasses
-
     return dataclasses.replace(info, fqn=fqn, module_fqn=module_fqn)
 
 
@@ -608,11 +688,12 @@ def _shard(p: nn.Parameter, fqn: str, mod_fqn: str, name: str, world: int, rank:
         float8_all_gather=float8_all_gather and gather_group is not None,
         tensor_parallel=tensor_parallel.tp_placements if tensor_parallel is not None else (),
     )
+    follows = reduce_dtype is None and param_dtype is None
     if tensor_parallel is not None:
         state = _ShardedParam(info, storage, tensor_parallel.mesh, tensor_parallel.placements, grad_scale,
-                              tensor_parallel.tp_mesh)
+                              reduce_dtype_follows_param=follows, tp_mesh=tensor_parallel.tp_mesh)
     else:
-        state = _ShardedParam(info, storage, mesh, placements, grad_scale)
+        state = _ShardedParam(info, storage, mesh, placements, grad_scale, reduce_dtype_follows_param=follows)
     # on the parameter it replaces: a tied parameter's other owners still hold that one until a call that reaches
     # them (on an ancestor, or on one of them) gives them this state
     setattr(p, _REPLACED_BY, state)

@@ -273,6 +273,35 @@ def test_meta_init_then_to_empty_and_dtype_conversion_keep_the_view(fake_pg):
     assert param.to_local().data_ptr() == state.storage.data_ptr() and state.storage.requires_grad
 
 
+def test_a_conversion_keeps_param_grad_and_reports_the_new_dtypes(fake_pg):
+    model = data_parallel(nn.Linear(4, 16))
+    model(torch.randn(2, 4)).sum().backward()
+    p = model._parameters["weight"]
+    grad = p.grad.to_local().clone()
+    model.to(torch.float32)  # a no-op
+    model.double()
+    # nn.Module converts .grad along with the parameter; re-pointing the parameter at the new shard must keep it
+    assert p.grad is not None and p.grad.dtype == torch.float64
+    torch.testing.assert_close(p.grad.to_local(), grad.double(), rtol=0, atol=0)
+    info = sharded_params(model)["weight"]
+    assert info.orig_dtype == info.reduce_dtype == torch.float64  # no mp_policy: reduced in the parameter's dtype
+    fixed = data_parallel(nn.Linear(4, 16), mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32)).double()
+    assert sharded_params(fixed)["weight"].reduce_dtype == torch.float32  # the policy's, kept
+
+
+def test_moving_pending_accumulators_to_meta_is_refused_before_anything_moves(fake_pg):
+    model = data_parallel(nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 4)))
+    model.set_requires_gradient_sync(False)
+    model(torch.randn(2, 4)).sum().backward()  # unsynced: no collective, the accumulators hold the gradients
+    state = model[0]._fsdp_shards["weight"]
+    pending = state.unsharded_sink.grad.clone()
+    with pytest.raises(RuntimeError, match=r"parameter 0\.weight holds gradients accumulated without sync .* from "
+                                           r"cpu to meta would lose them"):
+        model.to("meta")
+    assert all(not p.is_meta for p in model.parameters()) and not state.storage.is_meta  # nothing moved
+    torch.testing.assert_close(state.unsharded_sink.grad, pending, rtol=0, atol=0)
+
+
 def test_replacing_a_sharded_parameter_is_refused(fake_pg):
     model = data_parallel(nn.Linear(4, 16))
     model.weight = nn.Parameter(torch.zeros(16, 4))

@@ -8,6 +8,7 @@ ran) and compared with the sizes worked out from the unsharded model's Linear we
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -128,6 +129,26 @@ def test_bad_float8_option_is_a_value_error():
             data_parallel(build_llama(**LLAMA, fsdp=False), float8_all_gather="yes")
         with pytest.raises(ValueError, match="float8_all_gather=True but mode='replicate'"):
             data_parallel(build_llama(**LLAMA, fsdp=False), mode="replicate", float8_all_gather=True)
+
+
+def test_float8_on_a_call_that_gathers_no_linear_weight_in_float8_warns_once():
+    import warnings
+
+    with fake_process_group(world_size=WORLD):
+        with pytest.warns(UserWarning) as caught:
+            data_parallel(nn.Sequential(nn.Embedding(10, 8), nn.LayerNorm(8)), float8_all_gather=True)
+        assert len(caught) == 1
+        assert re.search(r"data_parallel\(Sequential, float8_all_gather=True\): no parameter is gathered in "
+                         r"float8.*this call converted 0\.weight, 1\.weight, 1\.bias \(3\), no nn\.Linear weight",
+                         str(caught[0].message)), str(caught[0].message)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            # a call with Linear weights; a root call that converts only an embedding and a norm over blocks an
+            # earlier call gathers in float8 (as torchtitan applies fully_shard per block, then to the root)
+            data_parallel(nn.Linear(8, 8), float8_all_gather=True)
+            model = nn.Sequential(nn.Embedding(10, 8), nn.Sequential(nn.Linear(8, 8)), nn.LayerNorm(8))
+            data_parallel(model[1], float8_all_gather=True)
+            data_parallel(model, float8_all_gather=True)
 
 
 def test_a_float8_gather_of_computed_values_is_not_fsdp():

@@ -30,6 +30,49 @@ E4M3_SUBNORMAL_HALF_STEP = 2.0 ** -10
 LOSS_REL_TOL = 1e-2
 
 
+def _worst_error_over_bound(got, want) -> float:
+    """The largest error of float8-gathered rows ``got`` against ``want`` (one rank's shard, one scale), in
+    units of the e4m3 rounding bound; numpy arrays."""
+    import numpy as np
+
+    bound = np.maximum(E4M3_REL * np.abs(want), E4M3_SUBNORMAL_HALF_STEP * np.abs(want).max() / 448)
+    return float((np.abs(got - want) / bound).max())
+
+
+#: Linear(4, 8) weights (4 rows a rank) with a special shard: rank 0's rows zero (a zero-initialised layer
+#: such as a LoRA B, zeroed by rows), the whole weight zero, one inf or one NaN among rank 1's rows
+SPECIAL_SHARDS = {
+    "rank0_rows_zero": lambda w: w[:4].zero_(),
+    "all_zero": lambda w: w.zero_(),
+    "inf_on_rank1": lambda w: w[5, 2].fill_(float("inf")),
+    "nan_on_rank1": lambda w: w[6, 1].fill_(float("nan")),
+}
+
+
+def _special_shards(rank: int, world_size: int) -> dict:
+    """Each ``SPECIAL_SHARDS`` weight as set, and as gathered in float8 eagerly and compiled (numpy arrays)."""
+    import torch
+    import torch.nn as nn
+
+    import fsdp_passes
+
+    out = {}
+    for case, fill in SPECIAL_SHARDS.items():
+        torch.manual_seed(0)
+        linear = nn.Linear(4, 8, bias=False)
+        with torch.no_grad():
+            fill(linear.weight)
+        want = linear.weight.detach().clone()
+        fsdp_passes.data_parallel(linear, float8_all_gather=True)
+        with torch.no_grad():
+            got = {"eager": linear.weight.numpy()}
+            if case == "rank0_rows_zero":
+                fresh_compile_state()
+                got["compiled"] = torch.compile(lambda: linear.weight, fullgraph=True)().numpy()
+        out[case] = {"want": want.numpy(), **got}
+    return out
+
+
 def _gathered_weights(rank: int, world_size: int) -> dict:
     """Each Linear weight gathered in float8 (float32 parameters, no param_dtype) against its own values."""
     import math
@@ -52,11 +95,8 @@ def _gathered_weights(rank: int, world_size: int) -> dict:
             rows = math.ceil(ref.shape[0] / world_size)
             for r in range(world_size):  # each rank's rows were scaled by that rank's amax
                 part, want = got[r * rows:(r + 1) * rows], ref[r * rows:(r + 1) * rows]
-                if not want.numel():
-                    continue
-                bound = torch.maximum(E4M3_REL * want.abs(),
-                                      torch.full_like(want, E4M3_SUBNORMAL_HALF_STEP * want.abs().max().item() / 448))
-                worst = max(worst, ((part - want).abs() / bound).max().item())
+                if want.numel():
+                    worst = max(worst, _worst_error_over_bound(part.numpy(), want.numpy()))
             exact.append(bool(torch.equal(got, ref)))
         output = model.output.weight.numpy()
     return {"worst_error_over_bound": worst, "any_exact": any(exact), "output": output}
@@ -73,7 +113,7 @@ def _training(rank: int, world_size: int) -> dict:
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     runs = {"bf16": (False, True, None), "float8_eager": (True, False, None),
             "float8": (True, True, None), "float8_passes": (True, True, PASSES)}
-    out: dict = {"gather": _gathered_weights(rank, world_size)}
+    out: dict = {"gather": _gathered_weights(rank, world_size), "special": _special_shards(rank, world_size)}
     for name, (float8, compiled, passes) in runs.items():
         model = fsdp_passes.data_parallel(build_llama(**LLAMA, fsdp=False), mp_policy=policy,
                                           float8_all_gather=float8)
@@ -137,3 +177,30 @@ def test_float8_compiled_matches_eager(results):
     for rank, res in enumerate(results):
         for c, e in zip(res["float8"]["losses"], res["float8_eager"]["losses"]):
             assert abs(c - e) <= 1e-3 * abs(e), (rank, res["float8"]["losses"], res["float8_eager"]["losses"])
+
+
+def test_an_all_zero_shard_comes_back_as_zeros_and_the_others_as_usual(results):
+    import numpy as np
+
+    for case in ("rank0_rows_zero", "all_zero"):
+        for rank, res in enumerate(results):
+            special = res["special"][case]
+            want = special["want"]
+            for how in ("eager", "compiled") if "compiled" in special else ("eager",):
+                got = special[how]
+                assert np.isfinite(got).all(), (case, rank, how, got)
+                assert np.array_equal(got[:4], np.zeros_like(got[:4])), (case, rank, how, got)
+                if want[4:].any():
+                    assert _worst_error_over_bound(got[4:], want[4:]) <= 1.0, (case, rank, how, got, want)
+                assert np.array_equal(got, results[0]["special"][case]["eager"]), (case, rank, how)
+
+
+def test_an_inf_or_nan_in_a_shard_makes_that_ranks_rows_nan_on_every_rank(results):
+    import numpy as np
+
+    for case in ("inf_on_rank1", "nan_on_rank1"):
+        for rank, res in enumerate(results):
+            got, want = res["special"][case]["eager"], res["special"][case]["want"]
+            assert np.isnan(got[4:]).all(), (case, rank, got)  # rank 1's rows: not hidden, not a finite value
+            assert _worst_error_over_bound(got[:4], want[:4]) <= 1.0, (case, rank, got, want)  # rank 0's: as usual
+            assert np.array_equal(got, results[0]["special"][case]["eager"], equal_nan=True), (case, rank)
