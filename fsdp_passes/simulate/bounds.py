@@ -31,9 +31,11 @@ remaining W - head_j - tail_k of work where it costs least gives, with cap = C /
 
 With s = 0 this is never below the first bound's head_j + comm(c_j..c_k) + tail_k; with s > 0 it prices the
 exposed first gather (j = k = 0: nothing but head_0 can run before it, little beside it) and the slowdown
-every other hidden collective costs at once.  The host issue time of collectives (unslowed work on the
-compute stream) is left out there, which only lowers the bound; it enters a separate term,
-W + I + (C_g - I)+ * s / (1 + s).
+every other hidden collective costs at once.  The host issue time of the collectives, I, runs on the
+compute stream unslowed: a busy ms of a group stream absorbs 1 ms of it but only 1 / (1 + s) ms of
+compute, so it enters W as I / (1 + s) ms of compute (never more than it costs; c_0..c_j's share in
+head_j, since they are issued before c_j starts); and a separate term,
+W + I + (C_g - I)+ * s / (1 + s), counts it in full where all of it can run beside collectives.
 """
 
 from __future__ import annotations
@@ -111,7 +113,11 @@ def overlap_lower_bound(dag: Dag, durations: Sequence[float], overlap: "OverlapC
         for d in comm:
             prefix.append(prefix[-1] + d)
         rate = 1.0 + slowdown
+        # the issue time as compute it could stand in for (see the module docstring)
+        work_and_issue = work + issue_total / rate
+        issue_each = issue_ms / rate
         for j, head in enumerate(heads):
+            head += (j + 1) * issue_each  # c_0..c_j are issued before c_j starts
             cap_before = prefix[j] / rate
             head_excess = max(0.0, head - cap_before)
             head_used = max(head, cap_before)
@@ -119,7 +125,7 @@ def overlap_lower_bound(dag: Dag, durations: Sequence[float], overlap: "OverlapC
                 cap_after = (comm_all - prefix[k + 1]) / rate
                 tail = tails[k]
                 cap_between = (prefix[k + 1] - prefix[j]) / rate
-                rest = work - head_used - max(tail, cap_after) - cap_between
+                rest = work_and_issue - head_used - max(tail, cap_after) - cap_between
                 bound = comm_all + head_excess + max(0.0, tail - cap_after) + max(0.0, rest)
                 if bound > best:
                     best = bound
