@@ -440,8 +440,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  NOTE: {k} {r['name']}: the adapter sees {r['compute_flops_vs_a']:.3f}x the FLOPs of "
                           "config a; its times are NOT comparable with the others")
                 elif r["compute_vs_a"] > 1.02:
+                    gap = r["total"]["gap"]
                     print(f"  NOTE: {k} {r['name']}: same FLOPs as config a ({r['compute_flops_vs_a']:.3f}x), "
-                          f"{r['compute_vs_a']:.2f}x its compute time (bucket copy kernels and casts it adds)")
+                          f"{r['compute_vs_a']:.2f}x its compute time: compute slowed beside collectives "
+                          f"{gap['slowdown_ms']:.2f} ms, bucket copy kernels {gap['bucket_copy_ms']:.2f} ms")
         for t in tg:
             print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "
                   + (f"{t['value_ms']:.3f} ms vs limit {t['limit_ms']:.3f} ms; " if "value_ms" in t else "")
