@@ -128,6 +128,8 @@ class Recorder:
         self.graph_start = 0.0
         self.t_before = 0.0
         self.scores: list[GraphScore] = []
+        # per score: what ``gap_parts`` needs (dag, timeline, durations, overlap costs), kept out of the JSON
+        self.scored: list[tuple] = []
         self.fx_pass_s: dict[str, float] = {}
 
     def add_fx_time(self, seconds: float) -> None:
@@ -141,13 +143,16 @@ class Recorder:
         def record_after(nodes: list) -> list:
             t_sched = time.perf_counter() - self.t_before
             to_sched = time.perf_counter() - self.graph_start
-            self.scores.append(score_nodes(self.current, list(nodes), self.cost_model, t_sched, to_sched))
+            self.scores.append(score_nodes(self.current, list(nodes), self.cost_model, t_sched, to_sched,
+                                           keep=self.scored))
             raise _Stop()
 
         return [record_before, *installed, record_after]
 
 
-def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sched_s: float) -> GraphScore:
+def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sched_s: float,
+                keep: Optional[list] = None) -> GraphScore:
+    """``keep``: appended (dag, timeline, durations, overlap costs), for ``gap_parts`` once the run is over."""
     from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
     from fsdp_passes.simulate import simulate
 
@@ -156,6 +161,8 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
     dag = dag_from_scheduler_nodes(nodes)  # inside the graph's lowering: graph outputs are known
     durations = cost_model.estimate(dag)
     tl = simulate(dag, list(range(len(dag))), durations, cost_model.overlap_costs())
+    if keep is not None:
+        keep.append((dag, tl, durations, cost_model.overlap_costs()))
     gathers = [i for i, n in enumerate(dag.nodes)
                if n.kind is NodeKind.COLLECTIVE and n.collective is CollectiveOp.ALL_GATHER]
     reductions = [i for i, n in enumerate(dag.nodes) if n.kind is NodeKind.COLLECTIVE

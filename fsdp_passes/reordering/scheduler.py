@@ -27,7 +27,8 @@ The *frontier* is the lowest-numbered compute node not yet scheduled.  Every ste
    *feeders*) is prefetched the same way when those feeders can run now (every unscheduled ancestor is a
    compute node, at most ``MAX_FEEDERS`` of them, none is the frontier or the chosen node): the feeders are
    hoisted in id order, then it is issued.  Only one collective ahead (the previous one of the same op in
-   its group is already being consumed), never past a not-yet-issued collective that is not FSDP-like, and
+   its group is already being consumed, or the one before it when the block consuming it is shorter than
+   the collective), never past a not-yet-issued collective that is not FSDP-like, and
    with the feeders' outputs charged to the memory limit too;
 7. the chosen node runs.
 
@@ -146,6 +147,12 @@ class ListScheduler:
         # collectives not worth a hoist attempt until a node is placed: c -> (that node, or also when it is
         # the chosen node?, or with node -1: until so many nodes are scheduled)
         self.parked: dict[int, tuple[int, bool, int]] = {}
+        # compute_before[i]: summed duration of the compute nodes with ids below i (the original order's
+        # compute time up to node i), for the hoisting horizon
+        self.compute_before = [0.0] * (n + 1)
+        kind = structure.kind
+        for i in range(n):
+            self.compute_before[i + 1] = self.compute_before[i] + (durations[i] if kind[i] == COMPUTE else 0.0)
         self.due_ptr = 0
 
     # -- readiness ------------------------------------------------------------------------------------------
@@ -680,13 +687,17 @@ class ListScheduler:
     def _beyond_horizon(self, c: int, chosen: int) -> int:
         """Hoisting moves compute, so it looks one collective ahead only: the feeders of ``c`` may be hoisted
         once the compute has started consuming the previous collective of the same op in its group (its
-        first consumer has run or is ``chosen``, about to run), i.e. during the block before ``c``'s.  Collectives
+        first consumer has run or is ``chosen``, about to run), i.e. during the block before ``c``'s.  A previous
+        collective whose consumption starts less than ``c``'s own duration of compute before ``c``'s first
+        consumer (in the original order) is looked past: that block is too short to hide ``c``.  Collectives
         nobody consumes (gradient reductions whose result is a graph output) are skipped when looking back
         (at most ``HORIZON_LOOKBACK`` of them).  Returns the consumer still to come, or -1 when ``c`` is
         within the horizon."""
         structure = self.structure
         seq = structure.seq[structure.group[c]]
         op = structure.coll_op[c]
+        use = structure.first_use[c]
+        compute_before = self.compute_before
         k = structure.seq_pos[c] - 1
         stop = max(-1, k - HORIZON_LOOKBACK)
         while k > stop:
@@ -696,6 +707,10 @@ class ListScheduler:
                 continue
             u = structure.first_use[p]
             if u < 0:
+                continue
+            if use >= 0 and compute_before[use] - compute_before[u] < self.durations[c]:
+                # the block consuming p is shorter than c itself (a norm's weight right before the output
+                # projection's): it cannot hide c, the block before it can
                 continue
             return -1 if self.scheduled[u] or u == chosen else u
         return -1

@@ -17,14 +17,36 @@ Two facts hold in every schedule the simulator accepts:
 head_j and tail_k are grown incrementally (each node is visited once per group and direction), so the
 whole bound is O(G * (V + E)) for G process groups.  Bitset reachability is avoided on purpose: memoised
 ancestor masks of a long chain are quadratic in memory.
+
+``overlap_lower_bound`` adds what overlapping must cost under ``OverlapCosts``: compute that runs while a
+collective is in flight progresses ``1 + s`` times slower (s = ``compute_slowdown``).  Split any schedule at
+collective c_j's start and c_k's end (j <= k, one group) into three regions: before (c_0..c_{j-1} run there
+and at least head_j of compute), between (c_j..c_k) and after (c_{k+1}..c_m and at least tail_k).  A region
+whose group stream is busy for C ms and whose compute stream runs w ms of work lasts at least
+C + max(0, w - C / (1 + s)): while the stream is busy, compute gets at most C / (1 + s) done.  Placing the
+remaining W - head_j - tail_k of work where it costs least gives, with cap = C / (1 + s) per region,
+
+    makespan >= C_all + (head_j - cap_before)+ + (tail_k - cap_after)+
+                + (W - max(head_j, cap_before) - max(tail_k, cap_after) - cap_between)+
+
+With s = 0 this is never below the first bound's head_j + comm(c_j..c_k) + tail_k; with s > 0 it prices the
+exposed first gather (j = k = 0: nothing but head_0 can run before it, little beside it) and the slowdown
+every other hidden collective costs at once.  The host issue time of the collectives, I, runs on the
+compute stream unslowed: a busy ms of a group stream absorbs 1 ms of it but only 1 / (1 + s) ms of
+compute, so it enters W as I / (1 + s) ms of compute (never more than it costs; c_0..c_j's share in
+head_j, since they are issued before c_j starts); and a separate term,
+W + I + (C_g - I)+ * s / (1 + s), counts it in full where all of it can run beside collectives.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..dag.graph import Dag, NodeKind
 from .memory import wait_collectives
+
+if TYPE_CHECKING:
+    from .timeline import OverlapCosts
 
 
 def lower_bound(dag: Dag, durations: Sequence[float]) -> float:
@@ -55,6 +77,58 @@ def lower_bound(dag: Dag, durations: Sequence[float]) -> float:
             best_head = max(best_head, heads[k] - prefix)
             prefix += dur[c]
             best = max(best, best_head + prefix + tails[k])
+    return best
+
+
+def overlap_lower_bound(dag: Dag, durations: Sequence[float], overlap: "OverlapCosts | None" = None) -> float:
+    """Makespan no valid order of ``dag`` can beat under ``durations`` (ms per node id) when overlapping costs
+    ``overlap`` (see the module docstring); equal to ``lower_bound`` or above it.  O(sum over groups of the
+    square of their collective count) on top of ``lower_bound``."""
+    best = lower_bound(dag, durations)
+    slowdown = overlap.compute_slowdown if overlap is not None else 0.0
+    issue_ms = overlap.issue_ms if overlap is not None else 0.0
+    nodes = dag.nodes
+    dur = [float(d) for d in durations]
+    collective = NodeKind.COLLECTIVE
+    is_coll = [node.kind is collective for node in nodes]
+    work = sum(d for d, c in zip(dur, is_coll) if not c)
+    issue_total = issue_ms * sum(is_coll)
+    sequences = dag.group_sequences()
+    if slowdown <= 0.0 and issue_total <= 0.0:
+        return best
+    share = slowdown / (1.0 + slowdown)  # of each busy ms of a group stream that overlapped compute loses
+    waits: list[list[int]] = [[] for _ in range(len(nodes))]
+    for w, c in enumerate(wait_collectives(dag)):
+        if c >= 0:
+            waits[c].append(w)
+    for seq in sequences.values():
+        comm = [dur[c] for c in seq]
+        comm_all = sum(comm)
+        best = max(best, work + issue_total + max(0.0, comm_all - issue_total) * share)
+        if slowdown <= 0.0:
+            continue
+        heads = _grow(seq, dag.preds, lambda c: dag.preds[c], dur, is_coll)
+        tails = _grow(seq[::-1], dag.succs, waits.__getitem__, dur, is_coll)[::-1]
+        prefix = [0.0]
+        for d in comm:
+            prefix.append(prefix[-1] + d)
+        rate = 1.0 + slowdown
+        # the issue time as compute it could stand in for (see the module docstring)
+        work_and_issue = work + issue_total / rate
+        issue_each = issue_ms / rate
+        for j, head in enumerate(heads):
+            head += (j + 1) * issue_each  # c_0..c_j are issued before c_j starts
+            cap_before = prefix[j] / rate
+            head_excess = max(0.0, head - cap_before)
+            head_used = max(head, cap_before)
+            for k in range(j, len(seq)):
+                cap_after = (comm_all - prefix[k + 1]) / rate
+                tail = tails[k]
+                cap_between = (prefix[k + 1] - prefix[j]) / rate
+                rest = work_and_issue - head_used - max(tail, cap_after) - cap_between
+                bound = comm_all + head_excess + max(0.0, tail - cap_after) + max(0.0, rest)
+                if bound > best:
+                    best = bound
     return best
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
@@ -38,7 +40,13 @@ def test_schedule_quality_smoke(tmp_path: Path) -> None:
         if r["error"] is None:
             t = r["total"]
             assert t["makespan_ms"] > 0 and t["n_collectives"] > 0 and t["peak_memory_bytes"] > 0
-            assert t["makespan_ms"] + 1e-9 >= t["lower_bound_ms"]
+            assert t["makespan_ms"] + 1e-9 >= t["overlap_bound_ms"] >= t["lower_bound_ms"] - 1e-9
+            # the parts of the step add up to the simulated makespan of each graph
+            for g in r["graphs"]:
+                gap = g["gap"]
+                parts = (gap["compute_ms"] + gap["issue_ms"] + gap["slowdown_ms"] + gap["first_exposed_ms"]
+                         + gap["last_exposed_ms"] + gap["middle_exposed_ms"])
+                assert parts == pytest.approx(g["makespan_ms"], rel=1e-9, abs=1e-9)
             assert {g["graph"] for g in r["graphs"]} == {"forward", "backward"}
         else:
             assert "ERROR" in stdout

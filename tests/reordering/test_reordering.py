@@ -407,6 +407,38 @@ def test_feeders_of_the_next_gather_are_hoisted_above_the_current_block():
           f"{after.makespan} ms, peak {before.peak_memory} -> {after.peak_memory} B")
 
 
+def norm_then_output_dag():
+    """Two blocks with copy-ins, then a norm with a tiny gathered weight and an output projection with a large
+    one (as a transformer's last block, final norm and vocabulary projection)."""
+    b = copy_in_dag(blocks=5)
+    x = b.dag().index["mm4b"]
+    n_shard, o_shard = b.input("norm_shard"), b.input("out_shard")
+    ag_n = b.coll("ag_norm", 0.05, n_shard, out=1)
+    x = b.compute("norm", 0.05, x, b.wait("ag_norm_wait", ag_n), out=10)
+    ag_o = b.coll("ag_out", 2.5, b.compute("copy_out", 0.6, o_shard, out=25), out=100)
+    b.compute("out", 3.0, x, b.wait("ag_out_wait", ag_o), out=50, output=True)
+    return b
+
+
+def test_gather_behind_a_short_block_is_hoisted_a_block_earlier():
+    # ag_out's previous gather, ag_norm, is consumed by 0.05 ms of compute, far less than ag_out's 2.5 ms: the
+    # one-block horizon looks past it, and ag_out's copy-in is hoisted into the last block, where the gather
+    # hides.  (Waiting for the norm to be consumed hoisted it right before the norm: 2.45 ms exposed.)
+    b = norm_then_output_dag()
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=1000)
+    before, after = check_plan(dag, b.durations, res, 1000)
+    pos = pos_of(res.order)
+    idx = dag.index
+    assert res.reasons[idx["copy_out"]] == "hoisted: feeds the prefetch of ag_out", names(dag, res.order)
+    assert pos[idx["mm3b"]] < pos[idx["copy_out"]] < pos[idx["ag_out"]] < pos[idx["mm4a"]], names(dag, res.order)
+    assert after.exposed[idx["ag_out"]] == pytest.approx(0.0)
+    # by hand: only block 0's gather is exposed (0.5 ms beside copy1, pulled); every compute node back to
+    # back: copies 5 x 1.5 + matmuls 10 x 3 + copy_out 0.6 + norm 0.05 + out 3 = 41.15 ms
+    assert after.exposed_total == pytest.approx(0.5)
+    assert after.makespan == pytest.approx(41.15 + 0.5)
+
+
 def test_hoisting_keeps_the_memory_limit():
     b = copy_in_dag()
     dag = b.dag()
