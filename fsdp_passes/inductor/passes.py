@@ -27,6 +27,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass, CustomSchedulerPa
 from torch._inductor.scheduler import BaseSchedulerNode
 from torch._inductor.virtualized import V
 
+from ..dag.from_fx import UnplannableGraph
 from ..options import Options
 from ..pipeline.record import GraphRecord, ReportHistory
 from ..pipeline.recompute_pins import pin_recompute_decisions
@@ -103,7 +104,9 @@ class FsdpGraphPass(CustomGraphPass):
             # after bucketing, which fixes every group's sequence: the scheduler pass never reorders a group
             try:
                 insert_rank_check(graph, record.name, self.options.check_ranks_timeout_s)
-            except Exception as exc:  # e.g. sizes the DAG cannot read: compile the graph unchecked
+            except UnplannableGraph as exc:  # unbacked sizes: no sequence to compare; by design, as the FX pass's
+                log.info("fsdp_passes %s: check_ranks left out of this graph: %s", record.name, exc)
+            except Exception as exc:
                 if self.options.strict:
                     raise
                 log.warning("fsdp_passes %s: check_ranks left out of this graph: %s: %s", record.name,

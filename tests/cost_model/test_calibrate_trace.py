@@ -96,7 +96,8 @@ def test_scheduler_pass_prices_the_graphs_with_the_measured_times(trace, tmp_pat
     model = build_mlp(LAYERS, DIM)
     debug = tmp_path / "dump"
     capture_scheduler_nodes(model, *example_inputs(model), options=dict(
-        bucketing="none", reorder=True, cluster="cpu-gloo", calibration=str(cal_path), debug_dir=str(debug)))
+        bucketing="none", reorder=True, cluster="cpu-gloo", calibration=str(cal_path), debug_dir=str(debug),
+        check_ranks=False))  # its host call is no kernel: the graphs hold only what the profiled run timed
     trace_ms = defaultdict(list)  # straight from the trace: generated kernels by name stem
     for e in events:
         stem = kernel_stem(e["name"])

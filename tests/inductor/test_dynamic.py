@@ -78,4 +78,6 @@ def test_unbacked_sizes_leave_graph_untouched_with_one_log_line(caplog):
     assert all("unbacked" in r.fallback or "no hint" in r.fallback for r in untouched)
     lines = [rec for rec in caplog.records if "left untouched" in rec.getMessage()]
     assert len(lines) == len(untouched)
-    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    # ours only: torch warns once per process about checkpoint under compile, so whether its line lands here
+    # depends on which test compiled first
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.WARNING and rec.name.startswith("fsdp_passes")]
