@@ -11,6 +11,7 @@ import contextlib
 import logging
 from typing import Any, Callable, Iterator
 
+import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 
@@ -154,6 +155,13 @@ def active_options() -> Options | None:
 def rank_checker() -> RankChecker:
     """The cross-rank check's state in this process (the check's op calls it at run time)."""
     return _INSTALLATION.state.rank_checker
+
+
+@torch.library.impl("fsdp_passes::check_ranks", "CompositeExplicitAutograd")
+def _check_ranks(graph: str, sequences: str, timeout_s: float) -> None:
+    """What ``fsdp_passes::check_ranks`` does: compare this graph's per-group collective sequences with the other
+    ranks' (its first run only), with this installation's state."""
+    _INSTALLATION.state.rank_checker.check(graph, sequences, timeout_s)
 
 
 def last_reports(clear: bool = False) -> list[GraphReport]:

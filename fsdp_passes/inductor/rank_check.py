@@ -40,18 +40,11 @@ class RankMismatch(RuntimeError):
     """Ranks compiled graphs whose collectives differ (they would hang), or a rank never reached the check."""
 
 
-@torch.library.custom_op("fsdp_passes::check_ranks", mutates_args=())
-def _check_ranks_op(graph: str, sequences: str, timeout_s: float) -> None:
-    """Compare this graph's per-group collective sequences with the other ranks' (first run only)."""
-    from .install import rank_checker
-
-    rank_checker().check(graph, sequences, timeout_s)
-
-
-@_check_ranks_op.register_fake
-def _check_ranks_fake(graph: str, sequences: str, timeout_s: float) -> None:
-    return None
-
+# the op's schema and its fake (shape-only) version; the installation that owns the ``RankChecker`` registers
+# what it does at run time (``install.py``), so that this module needs nothing above it
+_LIBRARY = torch.library.Library("fsdp_passes", "FRAGMENT")
+_LIBRARY.define("check_ranks(str graph, str sequences, float timeout_s) -> ()")
+torch.library.register_fake("fsdp_passes::check_ranks", lambda graph, sequences, timeout_s: None, lib=_LIBRARY)
 
 CHECK_OP = torch.ops.fsdp_passes.check_ranks.default
 # no outputs: without this FX's and Inductor's dead-code elimination drop the call (``FallbackKernel.

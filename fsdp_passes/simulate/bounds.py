@@ -40,13 +40,11 @@ W + I + (C_g - I)+ * s / (1 + s), counts it in full where all of it can run besi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..dag.graph import Dag, NodeKind
 from .memory import wait_collectives
-
-if TYPE_CHECKING:
-    from .timeline import OverlapCosts
+from .overlap_costs import OverlapCosts
 
 
 def lower_bound(dag: Dag, durations: Sequence[float]) -> float:
@@ -80,7 +78,7 @@ def lower_bound(dag: Dag, durations: Sequence[float]) -> float:
     return best
 
 
-def overlap_lower_bound(dag: Dag, durations: Sequence[float], overlap: "OverlapCosts | None" = None) -> float:
+def overlap_lower_bound(dag: Dag, durations: Sequence[float], overlap: OverlapCosts | None = None) -> float:
     """Makespan no valid order of ``dag`` can beat under ``durations`` (ms per node id) when overlapping costs
     ``overlap`` (see the module docstring); equal to ``lower_bound`` or above it.  O(sum over groups of the
     square of their collective count) on top of ``lower_bound``."""

@@ -22,21 +22,8 @@ from typing import Any, Iterable, Sequence
 
 from ..dag.graph import Dag, NodeKind
 from .bounds import lower_bound
+from .overlap_costs import OverlapCosts
 from .memory import memory_curve, wait_collectives
-
-
-@dataclass(frozen=True)
-class OverlapCosts:
-    """What overlapping costs: host issue time per collective (ms) and compute slowdown while one runs."""
-
-    issue_ms: float = 0.0
-    compute_slowdown: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("issue_ms", "compute_slowdown"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"OverlapCosts.{name}={v!r} is not valid: expected a non-negative finite number")
 
 
 def slowed_end(t: float, work: float, comm_until: float, slowdown: float) -> float:
