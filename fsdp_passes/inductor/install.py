@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
+from torch._inductor.custom_graph_pass import get_custom_graph_passes
 
 from ..options import Options
 from ..pipeline.report import GraphReport
@@ -90,8 +91,7 @@ class Installation:
         inductor_config.pre_grad_custom_pass = ParamNamesPass(chained=self.saved["pre_grad_custom_pass"])
         # last on the joint graph (after the user's passes and Inductor's patterns), whatever the bucketing:
         # the collectives the backward issues must not depend on the local shapes
-        user_joint = self.saved["joint_custom_post_pass"]
-        user_joint = list(user_joint) if isinstance(user_joint, (list, tuple)) else [] if user_joint is None else [user_joint]
+        user_joint = list(get_custom_graph_passes(self.saved["joint_custom_post_pass"]))  # None, one or a list
         inductor_config.joint_custom_post_pass = user_joint + [RecomputePinPass(options)]
         if options.bucketing != "none" or options.check_ranks:
             inductor_config.post_grad_custom_post_pass = FsdpGraphPass(options, chained=user_fx_pass, state=self.state)

@@ -44,8 +44,6 @@ __all__ = ["FsdpGraphPass", "FsdpSchedulerPass", "PassState", "RECORD_META_KEY",
 
 RECORD_META_KEY = "fsdp_passes_record"
 
-log = logging.getLogger("fsdp_passes")
-
 
 @dataclass
 class PassState:
