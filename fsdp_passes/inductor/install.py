@@ -80,6 +80,9 @@ class Installation:
         self.state = PassState()
 
     def install(self, options: Options) -> None:
+        # the gloo warning is said once per group and installation: a group name comes back with a new process
+        # group (destroy and init again), which deserves its own warning
+        self.state.gloo_groups_warned.clear()
         if self.saved is None:
             self.saved = {slot: getattr(inductor_config, slot) for slot in _SLOTS}
             self.saved["reorder_for_compute_comm_overlap_passes"] = list(self.saved["reorder_for_compute_comm_overlap_passes"])
