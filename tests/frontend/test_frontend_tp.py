@@ -221,7 +221,7 @@ def test_the_memory_budget_holds_with_both_groups_buffers_counted(two_d):
     """``bucketing="auto"`` with ``memory_budget`` in bytes: each graph's final peak, as the scheduler pass reports
     it and as measured on the final order here, is at most the peak of a compile without the passes plus the
     budget; the reported peak counts the tp group's buffers (it is the peak of the final order with them, and the
-    forward graph's peak is lower with the tp collectives' outputs sized 0: the gathered logits are live at it);
+    forward graph's peak is lower with the tp collectives' outputs sized 0: tp buffers are live at it);
     the planner still merged dp collectives under the budget, and left the tp group's sequence as it was."""
     run, without = two_d.runs["auto_budget"], two_d.runs["without"]
     assert not [r.fallback for r in run.reports if r.fallback]
