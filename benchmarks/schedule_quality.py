@@ -1,4 +1,5 @@
-"""Schedule quality: fsdp_passes against Inductor's own comm passes on Llama-3-8B-shaped SimpleFSDP graphs.
+"""Schedule quality: fsdp_passes against Inductor's own comm passes on Llama-3-8B-shaped SimpleFSDP graphs, and on
+Llama-3-70B-shaped graphs with tensor parallel inside a node and data parallel across nodes (``--tp``).
 
 Every configuration compiles the same model with the real Inductor pipeline up to the end of the scheduler's
 comm-overlap passes (nothing is code-generated or run), and the order Inductor would generate code in is
@@ -20,6 +21,11 @@ scored by fsdp_passes' simulator with one cluster profile:
     python benchmarks/schedule_quality.py --layers 32
     python benchmarks/schedule_quality.py --smoke              # tiny dims, 1 layer, world 8 (CI)
     python benchmarks/schedule_quality.py --world-sizes 8 --configs aeg   # float8 gathers against bf16
+    python benchmarks/schedule_quality.py --model llama3-70b --layers 2 --tp 8 --world-sizes 64   # dp 8 x tp 8
+
+With ``--tp N`` the world is a ``(dp, tp)`` mesh with tp innermost (a node's 8 ranks are one tp group when N is
+8): the model is made tensor / sequence parallel with ``parallelize_module`` (torchtitan's Llama 3 plan), then
+sharded by ``fsdp_passes.data_parallel`` over dp; the tensor-parallel group's collectives are reported apart.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ CONFIGS = {
     "f": "ours-manual",
     "g": "ours-float8",
 }
+MODEL_DIMS = {"llama3-8b": C.LLAMA3_8B, "llama3-70b": C.LLAMA3_70B}
 LEGACY_SCHED_PASSES = ["sink_waits", "raise_comms", "reorder_compute_for_overlap"]
 
 
@@ -98,8 +105,11 @@ def _collective_payload(node: torch.fx.Node) -> tuple[str, int, int, int]:
 
 
 def _overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
-    """custom_runtime_estimation for the OverlapScheduler: collectives priced by our cost model (so the
-    peer plans with the same numbers it is scored with); compute left to its own roofline."""
+    """custom_runtime_estimation for the OverlapScheduler: collectives priced by our cost model on their group's
+    ranks (so the peer plans with the same numbers it is scored with: a strided dp group of a 2-D mesh crosses
+    nodes); compute left to its own roofline."""
+    from fsdp_passes.dag.ops import group_facts
+
     world = torch.distributed.get_world_size()
 
     def estimate(node: torch.fx.Node, override_size: Any = None) -> Any:
@@ -110,9 +120,11 @@ def _overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
             return None
         if override_size is not None:  # Inductor's size unit is input + output bytes
             payload = int(override_size * payload / in_out) if in_out else int(override_size)
-        if op == "all_reduce":
-            size = world
-        return cost_model.collective_ms(op, payload, size)
+        group_name = next((a for a in reversed(node.args) if isinstance(a, str)), None)
+        group_size, ranks = group_facts(group_name) if group_name is not None else (None, None)
+        if group_size is None:
+            group_size = world if op == "all_reduce" else size
+        return cost_model.collective_ms(op, payload, group_size, ranks)
 
     return estimate
 
@@ -343,6 +355,51 @@ def targets(results: dict[str, dict]) -> list[dict[str, Any]]:
     return out
 
 
+def tp_unchanged(result: dict[str, Any], base: dict[str, Any], tp_group: str) -> bool:
+    """Whether ``result`` issues the tensor-parallel group's collectives as config ``base`` (no comm passes)
+    does, in every graph: same ops, payloads and order."""
+    return all(g["sequences_by_group"].get(tp_group, []) == b["sequences_by_group"].get(tp_group, [])
+               for g, b in zip(result["graphs"], base["graphs"]))
+
+
+def tp_targets(results: dict[str, dict], tp_group: str) -> list[dict[str, Any]]:
+    """With a tensor-parallel group: ours keep its collectives as config a issues them."""
+    a = results.get("a")
+    out = []
+    for k in ("e", "f"):
+        r = results.get(k)
+        if not r or r.get("error") or not a or a.get("error"):
+            continue
+        out.append({"target": f"{CONFIGS[k]} tp-group collectives as config a's (op, bytes, order), per graph",
+                    "met": tp_unchanged(r, a, tp_group)})
+    return out
+
+
+def group_table(results: dict[str, dict], groups: dict[str, str]) -> str:
+    """Per configuration and process group (``groups``: name -> label): collectives forward / backward, their
+    summed time, and whether the tp group's sequence is config a's."""
+    labels = list(groups.values())
+    a = results.get("a")
+    rows = []
+    for k, r in results.items():
+        if r.get("error"):
+            continue
+        by = {g["graph"]: g for g in r["graphs"]}
+        row = [f"{k} {r['name']}"]
+        for name in groups:
+            fwd = len(by.get("forward", {}).get("sequences_by_group", {}).get(name, []))
+            bwd = len(by.get("backward", {}).get("sequences_by_group", {}).get(name, []))
+            ms = sum(g["comm_ms_by_group"].get(name, 0.0) for g in r["graphs"])
+            row += [f"{fwd} / {bwd}", f"{ms:.2f}"]
+        tp = next((n for n, lab in groups.items() if lab == "tp"), None)
+        row.append("yes" if a and not a.get("error") and tp and tp_unchanged(r, a, tp) else "no")
+        rows.append(row)
+    headers = ["config"]
+    for lab in labels:
+        headers += [f"{lab} colls fwd / bwd", f"{lab} comm ms"]
+    return C.fmt_table(headers + ["tp seq = a's"], rows)
+
+
 def table(results: dict[str, dict]) -> str:
     rows = []
     for k, r in results.items():
@@ -385,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--model", choices=sorted(MODEL_DIMS), default="llama3-8b", help="block shapes")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: a (world/tp, tp) mesh, tp innermost")
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--cluster", default="h100-nvlink")
     ap.add_argument("--memory-budget", default=_default_memory_budget(), help="our passes' memory_budget "
@@ -394,27 +453,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    if a.tp < 1:
+        raise ValueError(f"--tp {a.tp}: allowed: an integer >= 1 that divides every world size")
     if a.smoke:
         dims = dict(C.SMOKE, vocab=128, seq_len=16, layers=1)
         a.world_sizes = [8]
         a.batch = 1
     else:
-        dims = dict(C.LLAMA3_8B, vocab=a.vocab, seq_len=a.seq_len, layers=a.layers)
+        dims = dict(MODEL_DIMS[a.model], vocab=a.vocab, seq_len=a.seq_len, layers=a.layers)
+    bad = [w for w in a.world_sizes if w % a.tp]
+    if bad:
+        raise ValueError(f"--tp {a.tp} does not divide --world-sizes {bad}: allowed: a divisor of every world size")
     d = C.LlamaDims(batch=a.batch, **dims)
     out_path = a.out or (C.RESULTS_DIR / ("schedule_quality_smoke.json" if a.smoke else "schedule_quality.json"))
 
     from fsdp_passes.testing import fake_process_group
 
     doc: dict[str, Any] = {"benchmark": "schedule_quality", "machine": C.machine(), "argv": sys.argv[1:],
-                           "model": {**dataclasses_asdict(d), "params": d.params(),
-                                     "sharding": "simple_fsdp, reshard_after_forward, bf16 params, fp32 grad RS"},
+                           "model": {**dataclasses_asdict(d), "params": d.params(), "shape": a.model, "tp": a.tp,
+                                     "sharding": ("simple_fsdp" if a.tp == 1 else
+                                                  f"parallelize_module over tp {a.tp} (torchtitan Llama 3 plan), "
+                                                  "then fsdp_passes.data_parallel over dp")
+                                                 + ", reshard_after_forward, bf16 params, fp32 grad RS"},
                            "cluster": a.cluster, "memory_budget": a.memory_budget, "configs": CONFIGS,
                            "load_avg_start": os.getloadavg(), "runs": []}
     for world in a.world_sizes:
+        groups: dict[str, str] = {}
         with fake_process_group(world_size=world), C.quiet_warnings():
             sharding = dict(reshard_after_forward=True, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            model = C.build_sharded_llama(d, **sharding)
-            float8_model = C.build_sharded_llama(d, **sharding, float8_all_gather=True) if "g" in a.configs else None
+            if a.tp > 1:
+                from torch.distributed.device_mesh import init_device_mesh
+
+                mesh = init_device_mesh("cpu", (world // a.tp, a.tp), mesh_dim_names=("dp", "tp"))
+                groups = {mesh.get_group(0).group_name: "dp", mesh.get_group(1).group_name: "tp"}
+
+                def build(**extra: Any) -> torch.nn.Module:
+                    return C.build_tp_sharded_llama(d, mesh, **sharding, **extra)
+            else:
+                def build(**extra: Any) -> torch.nn.Module:
+                    return C.build_sharded_llama(d, **sharding, **extra)
+            model = build()
+            float8_model = build(float8_all_gather=True) if "g" in a.configs else None
             args = (C.tokens(d),)
             results: dict[str, dict] = {}
             for key in a.configs:
@@ -424,11 +503,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[world {world}] {key} {CONFIGS[key]}: {time.perf_counter() - t:.1f}s"
                       + (f"  ERROR {results[key]['error']}" if results[key].get("error") else ""), flush=True)
         tg = targets(results)
-        header = (f"world {world} ({a.cluster}{', ' + str(world // 8) + ' nodes' if world > 8 else ''}), "
+        tp_group = next((n for n, lab in groups.items() if lab == "tp"), None)
+        if tp_group is not None:
+            tg += tp_targets(results, tp_group)
+        header = (f"world {world} ({a.cluster}{', ' + str(world // 8) + ' nodes' if world > 8 else ''}"
+                  f"{f', dp {world // a.tp} x tp {a.tp}' if a.tp > 1 else ''}), "
                   f"{d.layers} layers, dim {d.dim}, ffn {d.ffn_dim}, seq {d.seq_len}, batch {d.batch}, "
                   f"vocab {d.vocab}")
         print("\n" + header)
         print(table(results))
+        if groups:
+            print(group_table(results, groups))
         print(gap_table(results))
         base = results.get("a")
         for k, r in results.items():
@@ -448,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "
                   + (f"{t['value_ms']:.3f} ms vs limit {t['limit_ms']:.3f} ms; " if "value_ms" in t else "")
                   + str(t.get("detail", "")))
-        doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "results": results, "targets": tg})
+        doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "groups": groups, "results": results,
+                            "targets": tg})
         doc["load_avg_end"] = os.getloadavg()
         C.write_json(out_path, doc)
     print(f"\nload average at end: {os.getloadavg()}\nwrote {out_path}")
