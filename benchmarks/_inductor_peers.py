@@ -59,8 +59,11 @@ def collective_payload(node: torch.fx.Node) -> tuple[str, int, int, int]:
 
 
 def overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
-    """``custom_runtime_estimation`` for the OverlapScheduler: collectives priced by ``cost_model`` (ms); compute
-    left to Inductor's own estimate (None)."""
+    """``custom_runtime_estimation`` for the OverlapScheduler: collectives priced by ``cost_model`` (ms) on their
+    group's ranks (so the peer plans with the numbers ours plans with: a strided dp group of a 2-D mesh crosses
+    nodes); compute left to Inductor's own estimate (None)."""
+    from fsdp_passes.dag.ops import group_facts
+
     world = torch.distributed.get_world_size()
 
     def estimate(node: torch.fx.Node, override_size: Any = None) -> Any:
@@ -71,9 +74,11 @@ def overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
             return None
         if override_size is not None:  # Inductor's size unit is input + output bytes
             payload = int(override_size * payload / in_out) if in_out else int(override_size)
-        if op == "all_reduce":
-            size = world
-        return cost_model.collective_ms(op, payload, size)
+        group_name = next((a for a in reversed(node.args) if isinstance(a, str)), None)
+        group_size, ranks = group_facts(group_name) if group_name is not None else (None, None)
+        if group_size is None:
+            group_size = world if op == "all_reduce" else size
+        return cost_model.collective_ms(op, payload, group_size, ranks)
 
     return estimate
 

@@ -33,17 +33,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
+import _inductor_peers as peers  # noqa: E402
 import torch  # noqa: E402
 
 CONFIGS = {
@@ -82,88 +82,8 @@ def _timed_attr(module: Any, name: str, recorder: C.Recorder) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def _collective_payload(node: torch.fx.Node) -> tuple[str, int, int, int]:
-    """(op, full payload bytes, group size, in+out bytes) of a functional collective FX node."""
-    def nbytes(v: Any) -> int:
-        if isinstance(v, torch.Tensor):
-            return v.numel() * v.element_size()
-        if isinstance(v, (list, tuple)):
-            return sum(nbytes(x) for x in v)
-        return 0
-
-    name = str(node.target)
-    out = nbytes(node.meta.get("val"))
-    inp = sum(nbytes(a.meta.get("val")) for a in node.args if isinstance(a, torch.fx.Node))
-    size = next((a for a in node.args if isinstance(a, int) and not isinstance(a, bool)), None)
-    if "all_gather" in name:
-        return "all_gather", out, size or 1, inp + out
-    if "reduce_scatter" in name:
-        return "reduce_scatter", inp, size or 1, inp + out
-    if "all_reduce" in name:
-        return "all_reduce", inp, torch.distributed.get_world_size(), inp + out
-    return "other", 0, 1, inp + out
-
-
-def _overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
-    """custom_runtime_estimation for the OverlapScheduler: collectives priced by our cost model on their group's
-    ranks (so the peer plans with the same numbers it is scored with: a strided dp group of a 2-D mesh crosses
-    nodes); compute left to its own roofline."""
-    from fsdp_passes.dag.ops import group_facts
-
-    world = torch.distributed.get_world_size()
-
-    def estimate(node: torch.fx.Node, override_size: Any = None) -> Any:
-        if node.op != "call_function" or "_c10d_functional" not in str(node.target):
-            return None
-        op, payload, size, in_out = _collective_payload(node)
-        if op == "other":
-            return None
-        if override_size is not None:  # Inductor's size unit is input + output bytes
-            payload = int(override_size * payload / in_out) if in_out else int(override_size)
-        group_name = next((a for a in reversed(node.args) if isinstance(a, str)), None)
-        group_size, ranks = group_facts(group_name) if group_name is not None else (None, None)
-        if group_size is None:
-            group_size = world if op == "all_reduce" else size
-        return cost_model.collective_ms(op, payload, group_size, ranks)
-
-    return estimate
-
-
 def _block_plan(layers: int) -> list:
     return ["tok_embeddings", *[f"layers.{i}" for i in range(layers)], ["norm", "output"]]
-
-
-class _ManualOverlapPass:
-    """Inductor's manual_overlap_bucketing as a post_grad_custom_post_pass (how torchtitan applies it)."""
-
-    def __init__(self, plan: list, recorder: C.Recorder) -> None:
-        self.plan = plan
-        self.recorder = recorder
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing
-
-        t = time.perf_counter()
-        try:
-            manual_overlap_bucketing(graph.owning_module, module_bucket_plans=self.plan, insert_overlap_deps=True)
-        finally:
-            self.recorder.add_fx_time(time.perf_counter() - t)
-
-    def uuid(self) -> bytes:
-        return hashlib.sha256(repr(("manual_overlap", self.plan)).encode()).digest()
-
-
-def _as_custom_graph_pass(p: Any) -> Any:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class _P(CustomGraphPass):
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            p(graph)
-
-        def uuid(self) -> Any:
-            return p.uuid()
-
-    return _P()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -194,11 +114,8 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
             note = "FX bucketing 'all' + " + ", ".join(LEGACY_SCHED_PASSES)
         if key in ("c", "d"):
             # CPU workaround: Inductor's roofline asks triton for the device's peaks; give it the profile's
-            import torch.utils._runtime_estimation as rt
-
             prof = cost_model.profile
-            stack.enter_context(_patched(rt, "get_device_tflops", lambda dtype: _tflops(prof, dtype)))
-            stack.enter_context(_patched(rt, "get_gpu_dram_gbps", lambda: prof.mem_bw_gbps))
+            stack.enter_context(peers.device_peaks_of(prof))
         if key == "c":
             from torch._inductor.fx_passes import overlap_scheduling
 
@@ -209,12 +126,13 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
                 "aten_distributed_optimizations.collective_bucketing": True,
                 "aten_distributed_optimizations.enable_fusion_regions": False,
                 "aten_distributed_optimizations.compute_estimator": "analytical",
-                "aten_distributed_optimizations.custom_runtime_estimation": _overlap_estimator(cost_model),
+                "aten_distributed_optimizations.custom_runtime_estimation": peers.overlap_estimator(cost_model),
             })
             note = ("OverlapScheduler + collective_bucketing; analytical compute with device peaks patched to "
                     f"the {prof.name} profile; collectives priced by our cost model")
         elif key == "d":
-            patches["post_grad_custom_post_pass"] = _as_custom_graph_pass(_ManualOverlapPass(_block_plan(layers), rec))
+            patches["post_grad_custom_post_pass"] = peers.as_custom_graph_pass(
+                peers.ManualOverlapPass(_block_plan(layers), on_time=rec.add_fx_time))
             note = "torch._inductor manual_overlap_bucketing, plan = tok_embeddings, layers.<i> each, [norm, output]"
         elif key in ("e", "f", "g"):
             ours = True
@@ -273,21 +191,6 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
     total["peak_memory_bytes"] = max((g["peak_memory_bytes"] for g in graphs), default=0)
     total["capture_wall_s"] = wall
     return {"config": key, "name": name, "note": note, "error": None, "graphs": graphs, "total": total}
-
-
-def _tflops(profile: Any, dtype: Any) -> float:
-    return {torch.bfloat16: profile.tflops_bfloat16, torch.float16: profile.tflops_float16}.get(
-        dtype, profile.tflops_float32)
-
-
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 # --------------------------------------------------------------------------------------------------
