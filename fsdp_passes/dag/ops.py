@@ -128,7 +128,8 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
       perhaps cast); an all-gather of another collective's result or of computed values is not FSDP;
     - reduce-scatter: its result reaches a graph output through waits and pass-through nodes, or (HSDP)
       through an all-reduce of it (a gradient), or (a tied parameter used twice) through a sum of reduced
-      gradient contributions only (``sums[i]``: node ``i`` is an addition; None: no node is);
+      gradient contributions only (``sums[i]``: node ``i`` is an addition; None: no node is); and no other
+      compute reads it (a forward reduce-scatter saved for backward also reaches an output);
     - all-reduce: (HSDP) fed by a reduce-scatter through waits and pass-through nodes, and its result reaches
       a graph output the same way.
 
@@ -182,6 +183,9 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
     def reduced(v: int) -> bool:
         return nodes[v].collective is CollectiveOp.REDUCE_SCATTER or (through(v) and fed_by_reduce_scatter(v))
 
+    def tied_sum(w: int) -> bool:
+        return sums is not None and sums[w] and len(dag.preds[w]) >= 2 and all(reduced(p) for p in dag.preds[w])
+
     def reaches_output_via_sum(c: int) -> bool:
         # a tied parameter's gradient: the sum of its reduced contributions (not a reduction plus an
         # activation, as a sequence-parallel output plus its residual) reaches the output
@@ -191,12 +195,28 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
         while stack:
             v = stack.pop()
             for w in dag.succs[v]:
-                if sums[w] and len(dag.preds[w]) >= 2 and all(reduced(p) for p in dag.preds[w]):
-                    if reaches_output(w, via_all_reduce=False):
-                        return True
+                if tied_sum(w) and reaches_output(w, via_all_reduce=False):
+                    return True
                 if w not in seen and (through(w) or nodes[w].collective is CollectiveOp.ALL_REDUCE):
                     seen.add(w)
                     stack.append(w)
+        return False
+
+    def computed_with(c: int) -> bool:
+        # a gradient's reduction is not read by compute in its own graph (only a tied parameter's sum of reduced
+        # contributions); sequence parallel's forward reduce-scatter is (the residual add), even when its result
+        # is also saved for backward and so reaches an output
+        stack, seen = [c], {c}
+        while stack:
+            v = stack.pop()
+            for w in dag.succs[v]:
+                if w in seen:
+                    continue
+                seen.add(w)
+                if through(w):
+                    stack.append(w)
+                elif nodes[w].kind is NodeKind.COMPUTE and not tied_sum(w):
+                    return True
         return False
 
     def scaled(v: int) -> bool:
@@ -212,7 +232,8 @@ def mark_fsdp(dag: Dag, pass_through: Callable[[int], bool], sums: Sequence[bool
         if node.collective is CollectiveOp.ALL_GATHER:
             node.fsdp = from_inputs(i) or float8_from_inputs(i)
         elif node.collective is CollectiveOp.REDUCE_SCATTER:
-            node.fsdp = reaches_output(i, via_all_reduce=True) or reaches_output_via_sum(i)
+            node.fsdp = ((reaches_output(i, via_all_reduce=True) or reaches_output_via_sum(i))
+                         and not computed_with(i))
         elif node.collective is CollectiveOp.ALL_REDUCE:
             node.fsdp = fed_by_reduce_scatter(i) and reaches_output(i, via_all_reduce=False)
         else:

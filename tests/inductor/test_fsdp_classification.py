@@ -68,3 +68,20 @@ def test_hsdp_collectives_classified_alike(fake_pg, fresh_inductor):
     assert _flags(fx_dag) == _flags(s_dag)
     ops = {n.collective for n in fx_dag if n.fsdp}
     assert ops == {CollectiveOp.ALL_GATHER, CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE}
+
+
+def test_a_forward_reduce_scatter_used_by_compute_and_saved_is_not_fsdp(fake_pg, fresh_inductor):
+    """Sequence parallel's forward reduce-scatter (a row-parallel output) is read by the next compute (the
+    residual add) and, saved for backward, is also a graph output: reaching an output is not enough to be a
+    gradient's reduction; a gradient is not computed with in its own graph."""
+    def f(x, residual, grad):
+        partial = x @ x.t()  # a row-parallel matmul's partial sums
+        sharded = c10d.wait_tensor(c10d.reduce_scatter_tensor(partial, "sum", 8, "0"))
+        h = sharded + residual
+        reduced_grad = c10d.wait_tensor(c10d.reduce_scatter_tensor(grad * 2, "sum", 8, "0"))
+        return h.relu(), sharded, reduced_grad  # ``sharded`` saved, ``reduced_grad`` a gradient
+
+    ((fx_dag, s_dag),) = _both_views(f, torch.randn(16, 8), torch.randn(2, 16), torch.randn(16, 4))
+    assert _flags(fx_dag) == _flags(s_dag)
+    scatters = [n for n in fx_dag if n.collective is CollectiveOp.REDUCE_SCATTER]
+    assert [n.fsdp for n in scatters] == [False, True]
