@@ -852,8 +852,9 @@ def _profile_waits(step: Callable[[], Any]) -> dict:
     events = prof.profiler.kineto_results.events()
     ranges = {e.name(): (e.start_ns(), e.end_ns()) for e in events if e.name() in (FORWARD_RANGE, BACKWARD_RANGE)}
     waits = {FORWARD_RANGE: 0.0, BACKWARD_RANGE: 0.0}
+    each_wait_ms: dict[str, list[float]] = {FORWARD_RANGE: [], BACKWARD_RANGE: []}  # in issue order
     wait_names: dict[str, int] = {}
-    for e in events:
+    for e in sorted(events, key=lambda e: e.start_ns()):
         if "wait" in e.name().lower():
             wait_names[e.name()] = wait_names.get(e.name(), 0) + 1
         if e.name() not in WAIT_OPS:
@@ -861,11 +862,13 @@ def _profile_waits(step: Callable[[], Any]) -> dict:
         for label, (start, end) in ranges.items():
             if start <= e.start_ns() <= end:
                 waits[label] += (e.end_ns() - e.start_ns()) / 1e9
+                each_wait_ms[label].append(round((e.end_ns() - e.start_ns()) / 1e6, 3))
     bstart, bend = ranges[BACKWARD_RANGE]
     # None where the step has no functional waits (FSDP2 eager waits inside its hooks; compute_only never waits)
     seen = any(n in wait_names for n in WAIT_OPS)
     return {"backward_s": (bend - bstart) / 1e9, "backward_wait_s": waits[BACKWARD_RANGE] if seen else None,
-            "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names}
+            "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names,
+            "forward_waits_ms": each_wait_ms[FORWARD_RANGE], "backward_waits_ms": each_wait_ms[BACKWARD_RANGE]}
 
 
 def _median_waits(samples: list[dict]) -> dict:

@@ -1,5 +1,6 @@
-"""benchmarks/emulated_cluster.py: the smoke run works, its JSON holds the configurations with equal losses,
-and it removes its network namespaces on a normal exit and when terminated.
+"""benchmarks/emulated_cluster.py: the smoke run works (the Llama against Inductor's two torchtitan-configured
+planners), its JSON holds the configurations with equal losses, and it removes its network namespaces on a
+normal exit and when terminated.
 
 The runs need root, ``ip`` and ``tc`` (network namespaces, a veth pair, a tbf qdisc); without them those
 tests are skipped.  The one-line refusal without them is tested everywhere.
@@ -44,13 +45,14 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
     out = tmp_path / "smoke.json"
     prefix = _prefix("s")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out), "--prefix", prefix],
-                          capture_output=True, text=True, timeout=400)
+    configs = ["fsdp2_eager", "inductor_overlap", "inductor_manual", "fsdp_passes"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--model", "llama", "--configs", ",".join(configs),
+                           "--out", str(out), "--prefix", prefix], capture_output=True, text=True, timeout=600)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["smoke"] is True
-    assert set(data["configs"]) == {"fsdp2_eager", "fsdp_passes"}
+    assert set(data["configs"]) == set(configs)
     for name, cfg in data["configs"].items():
         assert len(cfg["times_s"]) == 2 and cfg["min_s"] <= cfg["median_s"] <= cfg["max_s"], name
         assert all(isinstance(v, float) for v in cfg["loss"]), (name, cfg["loss"])
@@ -68,6 +70,18 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
     assert data["configs"]["fsdp_passes"]["profiled_step"]["backward_wait_s"] >= 0
     assert data["configs"]["fsdp2_eager"]["profiled_step"]["backward_wait_s"] is None
     assert set(data["peak_memory_vs_fsdp2_eager"]) == {"fsdp_passes"}
+    # Inductor's planners really ran: a step waits once per collective, and the smoke Llama's 2 blocks have 21
+    # parameters (9 each, embeddings, norm, output): 21 gathers, a re-gather each but the embedding's, 21
+    # reductions unbucketed. The manual plan (embeddings, each block, norm with output) leaves at most a gather,
+    # a re-gather and a reduction per entry; the OverlapScheduler buckets too.
+    def waits(name: str) -> int:
+        return data["configs"][name]["profiled_step"]["per_rank"][0]["wait_events"]["_c10d_functional::wait_tensor"]
+
+    plan = data["extra"]["inductor_manual_plan"]
+    assert plan == ["tok_embeddings", "layers.0", "layers.1", ["norm", "output"]]
+    assert waits("inductor_manual") <= 3 * len(plan), waits("inductor_manual")
+    assert waits("inductor_overlap") < (21 + 20 + 21) // 2, waits("inductor_overlap")
+    assert {t for t in data["targets"] if t.endswith("_vs_best_inductor")} == {"fsdp_passes_vs_best_inductor"}
     assert _namespaces(prefix) == []
     print(f"smoke run took {elapsed:.1f} s")
 
@@ -112,6 +126,11 @@ def test_balanced_batch_scales_the_probe_to_equal_times():
     assert choose(1024, 0.4, 1.5) == 3840  # 3.75x, a multiple of 64
     assert choose(1024, 1.0, 0.01) == 64  # never below one multiple
     assert choose(1000, 1.0, 1.0, multiple=10) == 1000
+    # compute-bound (2x communication) and communication-bound (half) batches
+    assert choose(8, 1.0, 1.0, multiple=1, compute_over_comm=2.0) == 16
+    assert choose(8, 1.0, 1.0, multiple=1, compute_over_comm=0.5) == 4
+    with pytest.raises(ValueError, match="compute_over_comm"):
+        choose(8, 1.0, 1.0, compute_over_comm=0.0)
     with pytest.raises(ValueError):
         choose(1024, 0.0, 1.0)
 
