@@ -84,7 +84,8 @@ def _rank(rank: int, world_size: int) -> dict:
     from torch.distributed.tensor.parallel import parallelize_module
 
     import fsdp_passes
-    from fsdp_passes.testing.models import build_sequence_parallel_lm, sequence_parallel_lm_stage, sequence_parallel_plan
+    from fsdp_passes.testing.models import (build_sequence_parallel_lm, sequence_parallel_lm_stage,
+                                            sequence_parallel_plan)
 
     mesh = init_device_mesh("cpu", (N_STAGES, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
     stage = mesh["pp"].get_local_rank()
