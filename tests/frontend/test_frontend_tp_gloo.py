@@ -6,7 +6,9 @@ tensor-parallel parts split 6 / 5 over dp, padded) trains 3 AdamW steps; every r
 model trained on the global batches in one process.  Tolerance 1e-5 (relative, per parameter) in float32: the
 sharded model sums in another order (tensor-parallel partial sums all-reduced / reduce-scattered, gradients
 averaged by the dp reduce-scatter), which changes the last bits; AdamW's normalised steps carry those bits on (the
-measured differences are near 1e-7).  All runs share one spawned group (``tp_runs``).
+measured differences are near 1e-7).  All runs share one spawned group (``tp_runs``): the checkpoint is also
+loaded into other layouts on the same 4 ranks (dp 4 without tensor parallel, dp 1 x tp 4), and loss parallel
+(vocabulary-sharded logits, ``loss_parallel()``) runs eager and with the model compiled with the passes.
 """
 
 from __future__ import annotations
