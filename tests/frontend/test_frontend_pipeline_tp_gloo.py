@@ -5,7 +5,8 @@ ranks: mesh ``(pp 2, dp 1, tp 2)``.
 block 0; block 1, the final norm and the output).  Each stage is made tensor and sequence parallel over its ``tp``
 pair (``parallelize_module``), sharded by ``data_parallel`` over ``dp`` (one rank: the cheapest layout that runs
 all three on the 2 cores this suite has; eight processes for dp 2 would not fit its time), compiled whole with
-``fsdp_passes.enable()`` (defaults) and trained by ``ScheduleGPipe`` (two microbatches) for two AdamW steps.  The
+``fsdp_passes.enable()`` (defaults) and trained by ``ScheduleGPipe``, then afresh by ``Schedule1F1B`` (two
+microbatches each; the second runs the graphs compiled for the first) for two AdamW steps.  The
 activations sent between stages are the sequence-sharded local tensors: each tp rank of stage 0 sends its part to
 the same tp rank of stage 1.
 
@@ -30,6 +31,7 @@ from gloo_reports import check_passes_ran, fresh_compile_state, max_rel, report_
 VOCAB, SEQ, BATCH, N_LAYERS = 22, 8, 4, 2
 N_STAGES, DP, TP = 2, 1, 2
 MICROBATCHES, STEPS, LR = 2, 2, 1e-2
+SCHEDULES = ("gpipe", "1f1b")
 TOL = 1e-5
 
 
@@ -80,7 +82,7 @@ def _rank(rank: int, world_size: int) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from torch.distributed.tensor.parallel import parallelize_module
 
     import fsdp_passes
@@ -88,57 +90,69 @@ def _rank(rank: int, world_size: int) -> dict:
                                             sequence_parallel_plan)
 
     mesh = init_device_mesh("cpu", (N_STAGES, DP, TP), mesh_dim_names=("pp", "dp", "tp"))
+    # sliced once: each slice is a new DeviceMesh object, and Dynamo guards the tp mesh's identity (through
+    # parallelize_module's hooks), so a stage built on a new slice would compile again
+    dp_mesh, tp_mesh = mesh["dp"], mesh["tp"]
     stage = mesh["pp"].get_local_rank()
     ref_losses, ref_params = _reference()
+    out: dict = {"stage": stage, "tp_rank": mesh["tp"].get_local_rank(), "ref_losses": ref_losses}
 
-    module = sequence_parallel_lm_stage(build_sequence_parallel_lm(VOCAB, n_layers=N_LAYERS), stage, N_STAGES)
-    parallelize_module(module, mesh["tp"], sequence_parallel_plan(module))
-    fsdp_passes.data_parallel(module, mesh["dp"])
     fresh_compile_state()
-    fsdp_passes.last_reports(clear=True)
     fsdp_passes.enable()
     try:
-        pipe_stage = PipelineStage(torch.compile(module, fullgraph=True), stage, N_STAGES, torch.device("cpu"),
-                                   group=mesh["pp"].get_group())
-        schedule = ScheduleGPipe(pipe_stage, MICROBATCHES, loss_fn=_loss)
-        opt = torch.optim.AdamW(module.parameters(), lr=LR)
-        losses = []
-        for tokens, targets in _batches():
-            mb_losses: list = []
-            if stage == 0:
-                schedule.step(tokens)
-            else:
-                schedule.step(target=targets, losses=mb_losses)
-                # the batch's loss: equal-sized microbatches' means, averaged
-                losses.append(torch.stack([m.detach() for m in mb_losses]).mean().item())
-            opt.step()
-            opt.zero_grad()
+        for name, schedule_class in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+            fsdp_passes.last_reports(clear=True)
+            module = sequence_parallel_lm_stage(build_sequence_parallel_lm(VOCAB, n_layers=N_LAYERS), stage, N_STAGES)
+            parallelize_module(module, tp_mesh, sequence_parallel_plan(module))
+            fsdp_passes.data_parallel(module, dp_mesh)
+            pipe_stage = PipelineStage(torch.compile(module, fullgraph=True), stage, N_STAGES, torch.device("cpu"),
+                                       group=mesh["pp"].get_group())
+            schedule = schedule_class(pipe_stage, MICROBATCHES, loss_fn=_loss)
+            opt = torch.optim.AdamW(module.parameters(), lr=LR)
+            losses = []
+            for tokens, targets in _batches():
+                mb_losses: list = []
+                if stage == 0:
+                    schedule.step(tokens)
+                else:
+                    schedule.step(target=targets, losses=mb_losses)
+                    # the batch's loss: equal-sized microbatches' means, averaged
+                    losses.append(torch.stack([m.detach() for m in mb_losses]).mean().item())
+                opt.step()
+                opt.zero_grad()
+            params = {_stage_ref_name(n, stage): p.full_tensor().detach() for n, p in module.named_parameters()}
+            out[name] = {"losses": losses, "names": sorted(params),
+                         "max_rel": max_rel(params, {n: ref_params[n] for n in params}),
+                         "placements": {n: str(p.placements) for n, p in module.named_parameters()},
+                         "reports": report_summary(fsdp_passes.last_reports())}
     finally:
         fsdp_passes.disable()
-    params = {_stage_ref_name(n, stage): p.full_tensor().detach() for n, p in module.named_parameters()}
     dist.barrier()
-    return {"stage": stage, "tp_rank": mesh["tp"].get_local_rank(), "losses": losses, "ref_losses": ref_losses,
-            "names": sorted(params), "max_rel": max_rel(params, {n: ref_params[n] for n in params}),
-            "placements": {n: str(p.placements) for n, p in module.named_parameters()},
-            "reports": report_summary(fsdp_passes.last_reports())}
+    return out
 
 
-def test_gpipe_stages_tensor_parallel_under_data_parallel_train_like_the_unsharded_model():
+def test_gpipe_and_1f1b_stages_tensor_parallel_under_data_parallel_train_like_the_unsharded_model():
     import numpy as np
 
     results = run_on_gloo(N_STAGES * DP * TP, _rank, timeout=300)
     assert [(r["stage"], r["tp_rank"]) for r in results] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    # the two stages hold the whole model between them, each parameter once
-    assert sorted(results[0]["names"] + results[2]["names"]) == sorted(
-        ["embed.weight", "norm.weight", "norm.bias", "output.weight", "output.bias"]
-        + [f"layers.{i}.{p}" for i in range(N_LAYERS) for p in
-           ("norm.weight", "norm.bias", "ffn.w1.weight", "ffn.w1.bias", "ffn.w2.weight", "ffn.w2.bias")])
-    for rank, res in enumerate(results):
-        # a DTensor on the combined (dp, tp) mesh: tensor parallel inside the stage, data parallel over it
-        assert res["placements"]["layers.0.ffn.w2.weight"] == "(Shard(dim=0), Shard(dim=1))", res["placements"]
-        assert res["max_rel"] < TOL, (rank, res["max_rel"])
-        if res["stage"] == N_STAGES - 1:
-            assert np.allclose(res["losses"], res["ref_losses"], rtol=1e-6, atol=0), (rank, res["losses"],
-                                                                                      res["ref_losses"])
-        # the stage's own forward and backward graph, planned by both passes and kept
-        check_passes_ran(res["reports"], rank)
+    for name in SCHEDULES:
+        # the two stages hold the whole model between them, each parameter once
+        assert sorted(results[0][name]["names"] + results[2][name]["names"]) == sorted(
+            ["embed.weight", "norm.weight", "norm.bias", "output.weight", "output.bias"]
+            + [f"layers.{i}.{p}" for i in range(N_LAYERS) for p in
+               ("norm.weight", "norm.bias", "ffn.w1.weight", "ffn.w1.bias", "ffn.w2.weight", "ffn.w2.bias")])
+        for rank, res in enumerate(results):
+            got = res[name]
+            # a DTensor on the combined (dp, tp) mesh: tensor parallel inside the stage, data parallel over it
+            assert got["placements"]["layers.0.ffn.w2.weight"] == "(Shard(dim=0), Shard(dim=1))", got["placements"]
+            assert got["max_rel"] < TOL, (rank, name, got["max_rel"])
+            if res["stage"] == N_STAGES - 1:
+                assert np.allclose(got["losses"], res["ref_losses"], rtol=1e-6, atol=0), (rank, name, got["losses"],
+                                                                                          res["ref_losses"])
+            if name == SCHEDULES[0]:
+                # the stage's own forward and backward graph, planned by both passes and kept
+                check_passes_ran(got["reports"], (rank, name))
+            else:
+                # the second schedule's fresh stage runs the graphs compiled (and planned) for the first
+                assert got["reports"] == [], (rank, [r["graph"] for r in got["reports"]])
