@@ -7,7 +7,8 @@ model trained on the global batches in one process.  Tolerance 1e-5 (relative, p
 sharded model sums in another order (tensor-parallel partial sums all-reduced / reduce-scattered, gradients
 averaged by the dp reduce-scatter), which changes the last bits; AdamW's normalised steps carry those bits on (the
 measured differences are near 1e-7).  All runs share one spawned group (``tp_runs``): the checkpoint is also
-loaded into other layouts on the same 4 ranks (dp 4 without tensor parallel, dp 1 x tp 4), and loss parallel
+loaded into other layouts on the same 4 ranks (dp 4 without tensor parallel, dp 1 x tp 4; parameters and AdamW
+state), and loss parallel
 (vocabulary-sharded logits, ``loss_parallel()``) runs eager and with the model compiled with the passes.
 """
 
@@ -45,10 +46,10 @@ def _loss(fn, tokens, targets):
     return F.cross_entropy(fn(tokens).float().flatten(0, 1), targets.flatten())
 
 
-def _train(model, fn, batches: list) -> list[float]:
+def _train(model, fn, batches: list, opt=None) -> list[float]:
     import torch
 
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = opt or torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     losses = []
     for tokens, targets in batches:
         loss = _loss(fn, tokens, targets)
@@ -86,6 +87,15 @@ def _full(model) -> dict:
     return {n: p.full_tensor().detach() for n, p in model.named_parameters()}
 
 
+def _full_optim_state(state: dict) -> dict:
+    """An optimizer state dict's per-parameter entries (``get_optimizer_state_dict``: by FQN) as full tensors,
+    keyed ``"<fqn>.<entry>"`` (cloned: a full_tensor() that needs no communication is the local tensor)."""
+    import torch
+
+    return {f"{fqn}.{key}": (value.full_tensor() if hasattr(value, "full_tensor") else torch.as_tensor(value)).clone()
+            for fqn, entries in state["state"].items() for key, value in entries.items()}
+
+
 def _rel_losses(got: list, want: list) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(got, want))
 
@@ -100,9 +110,9 @@ def _rank(rank: int, world_size: int, ckpt_dir: str) -> dict:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.device_mesh import init_device_mesh
-
     import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import loss_parallel
 
     import fsdp_passes
@@ -117,7 +127,8 @@ def _rank(rank: int, world_size: int, ckpt_dir: str) -> dict:
     # eager, fp32, reshard after forward; then its checkpoint
     model = _tp_dp(mesh["tp"], mesh["dp"])
     states = [s for m in model.modules() for s in getattr(m, "_fsdp_shards", {}).values()]
-    losses = _train(model, model, batches)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    losses = _train(model, model, batches, opt)
     out["ref_losses"] = ref_losses
     out["eager"] = {"max_rel": max_rel(_full(model), ref), "losses": losses,
                     "placements": {n: str(p.placements) for n, p in model.named_parameters()},
@@ -125,7 +136,10 @@ def _rank(rank: int, world_size: int, ckpt_dir: str) -> dict:
                     "padded": sorted(s.info.fqn for s in states if s.info.local_rows != s.storage.shape[0]),
                     "padding_zero": all(bool((s.storage[s.info.local_rows:] == 0).all()) for s in states)}
     dcp.save(model.state_dict(), checkpoint_id=ckpt_dir)
+    optim_dir = f"{ckpt_dir}/optim"  # the optimizer's state (by parameter FQN), a checkpoint of its own
+    dcp.save(get_optimizer_state_dict(model, opt), checkpoint_id=optim_dir)
     full = _full(model)  # a collective: on every rank
+    full_optim = _full_optim_state(get_optimizer_state_dict(model, opt))
     if rank == 0:  # what the checkpoint holds, for the load into the unsharded model in the test process
         torch.save(full, f"{ckpt_dir}/full.pt")
     restored = _tp_dp(mesh["tp"], mesh["dp"], seed=1)
@@ -137,7 +151,7 @@ def _rank(rank: int, world_size: int, ckpt_dir: str) -> dict:
         "same_loss": _loss(model, tokens, targets).item() == _loss(restored, tokens, targets).item()}
     # the same checkpoint loaded into other layouts on these 4 ranks: plain data_parallel over all 4 (no tensor
     # parallel), and tensor parallel over all 4 with one dp rank (22-row vocabulary: uneven tp parts 6/6/6/4);
-    # each model starts from other values (seed 1)
+    # each model starts from other values (seed 1), each optimizer from its initial state
     mesh_dp4 = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
     mesh_tp4 = init_device_mesh("cpu", (1, 4), mesh_dim_names=("dp", "tp"))
     other_layouts = {}
@@ -147,8 +161,18 @@ def _rank(rank: int, world_size: int, ckpt_dir: str) -> dict:
         before = {n: t.clone() for n, t in _full(other).items()}
         dcp.load(other.state_dict(), checkpoint_id=ckpt_dir)
         loaded = _full(other)
+        other_opt = torch.optim.AdamW(other.parameters(), lr=1e-2, weight_decay=0.1)
+        optim_state = get_optimizer_state_dict(other, other_opt)  # zero moments, step 0
+        optim_before = _full_optim_state(optim_state)
+        dcp.load(optim_state, checkpoint_id=optim_dir)
+        set_optimizer_state_dict(other, other_opt, optim_state)
+        optim_loaded = _full_optim_state(get_optimizer_state_dict(other, other_opt))
         other_layouts[name] = {"differed_before": sorted(n for n in full if not torch.equal(before[n], full[n])),
                                "equal_after": sorted(n for n in full if torch.equal(loaded[n], full[n])),
+                               "optim_differed_before": sorted(k for k in full_optim
+                                                               if not torch.equal(optim_before[k], full_optim[k])),
+                               "optim_equal_after": sorted(k for k in full_optim
+                                                           if torch.equal(optim_loaded[k], full_optim[k])),
                                "placements": {n: str(p.placements) for n, p in other.named_parameters()}}
     out["dcp_other_layouts"] = other_layouts
     dist.barrier()
@@ -310,6 +334,10 @@ def test_checkpoint_loads_into_other_layouts_on_the_same_ranks(tp_runs):
             # every parameter started elsewhere and holds the saved (dp 2 x tp 2) values exactly after the load
             assert got["differed_before"] == names, (rank, layout, got["differed_before"])
             assert got["equal_after"] == names, (rank, layout, got["equal_after"])
+            # and so does the AdamW state (both moments and the step count of every parameter)
+            optim_names = sorted(f"{n}.{k}" for n in names for k in ("exp_avg", "exp_avg_sq", "step"))
+            assert got["optim_differed_before"] == optim_names, (rank, layout, got["optim_differed_before"])
+            assert got["optim_equal_after"] == optim_names, (rank, layout, got["optim_equal_after"])
     layouts = tp_runs[0][0]["dcp_other_layouts"]
     assert layouts["dp4"]["placements"]["output.weight"] == "(Shard(dim=0),)"
     assert layouts["dp1_tp4"]["placements"]["output.weight"] == "(_StridedShard(dim=0, sf=4), Shard(dim=0))"
