@@ -57,6 +57,7 @@ class LlamaDims:
 
 
 LLAMA3_8B = dict(dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336)
+LLAMA3_70B = dict(dim=8192, n_heads=64, n_kv_heads=8, ffn_dim=28672)
 SMOKE = dict(dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128)
 
 
@@ -72,6 +73,26 @@ def build_sharded_llama(d: LlamaDims, **fsdp_options: Any) -> nn.Module:
         model = Llama(d.layers, d.dim, d.n_heads, d.n_kv_heads, d.ffn_dim, d.vocab, d.seq_len)
     simple_fsdp(model, **fsdp_options)
     return model.to_empty(device="cpu")  # allocates the padded shards only
+
+
+def build_tp_sharded_llama(d: LlamaDims, mesh: Any, *, reshard_after_forward: bool = True,
+                           param_dtype: torch.dtype = torch.bfloat16, reduce_dtype: torch.dtype = torch.float32,
+                           float8_all_gather: bool = False) -> nn.Module:
+    """A Llama made tensor and sequence parallel over ``mesh["tp"]`` (torchtitan's Llama 3 plan), then sharded by
+    ``fsdp_passes.data_parallel`` over ``mesh["dp"]``, FSDP2's order; shards uninitialised, the unsharded model
+    only on the meta device."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    from fsdp_passes.frontend import MixedPrecisionPolicy, data_parallel
+    from fsdp_passes.testing.models import Llama, llama_tensor_parallel_plan
+
+    with torch.device("meta"):
+        model = Llama(d.layers, d.dim, d.n_heads, d.n_kv_heads, d.ffn_dim, d.vocab, d.seq_len)
+    parallelize_module(model, mesh["tp"], llama_tensor_parallel_plan(model))
+    data_parallel(model, mesh["dp"], reshard_after_forward=reshard_after_forward,
+                  mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                  float8_all_gather=float8_all_gather)
+    return model.to_empty(device="cpu")
 
 
 def tokens(d: LlamaDims) -> torch.Tensor:
@@ -114,6 +135,9 @@ class GraphScore:
     compute_flops: float = 0.0  # FLOPs of the compute nodes the adapter sees (the comparability check)
     first_gather_ms: float = 0.0  # the graph's first all-gather in its order (nothing before it to hide it)
     last_reduction_ms: float = 0.0  # its last reduce-scatter / all-reduce (nothing after it to hide it)
+    # per process group: its collectives in issue order ("op group bytes dtype") and their summed time
+    sequences_by_group: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    comm_ms_by_group: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -154,6 +178,7 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
                 keep: Optional[list] = None) -> GraphScore:
     """``keep``: appended (dag, timeline, durations, overlap costs), for ``gap_parts`` once the run is over."""
     from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+    from fsdp_passes.pipeline.report import collective_sequence
     from fsdp_passes.simulate import simulate
 
     from fsdp_passes.dag.graph import CollectiveOp, NodeKind
@@ -167,13 +192,21 @@ def score_nodes(name: str, nodes: list, cost_model: Any, sched_s: float, to_sche
                if n.kind is NodeKind.COLLECTIVE and n.collective is CollectiveOp.ALL_GATHER]
     reductions = [i for i, n in enumerate(dag.nodes) if n.kind is NodeKind.COLLECTIVE
                   and n.collective in (CollectiveOp.REDUCE_SCATTER, CollectiveOp.ALL_REDUCE)]
+    sequences: dict[str, list[str]] = {}
+    for item in collective_sequence(dag):
+        sequences.setdefault(item.split(" ")[1], []).append(item)
+    comm_by_group: dict[str, float] = {}
+    for i, n in enumerate(dag.nodes):
+        if n.kind is NodeKind.COLLECTIVE:
+            comm_by_group[n.group_name or "?"] = comm_by_group.get(n.group_name or "?", 0.0) + float(durations[i])
     return GraphScore(graph=name, n_nodes=len(dag), n_collectives=len(dag.collectives()),
                       exposed_comm_ms=tl.exposed_total, makespan_ms=tl.makespan, lower_bound_ms=tl.lower_bound,
                       compute_ms=tl.compute_busy, comm_ms=tl.comm_total, peak_memory_bytes=tl.peak_memory,
                       sched_pass_s=sched_s, to_scheduler_s=to_sched_s,
                       compute_flops=float(sum(n.flops for n in dag.nodes if n.kind is NodeKind.COMPUTE)),
                       first_gather_ms=float(durations[gathers[0]]) if gathers else 0.0,
-                      last_reduction_ms=float(durations[reductions[-1]]) if reductions else 0.0)
+                      last_reduction_ms=float(durations[reductions[-1]]) if reductions else 0.0,
+                      sequences_by_group=sequences, comm_ms_by_group=comm_by_group)
 
 
 def capture_to_scheduler(model: nn.Module, args: tuple, recorder: Recorder,

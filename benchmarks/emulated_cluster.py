@@ -3,11 +3,16 @@
 Two ranks, each in its own network namespace, joined by a veth pair whose ends are rate-limited with a
 token bucket (``tc qdisc ... tbf rate 400mbit burst 256kb latency 200ms``); gloo talks over that link, each
 rank computes on one thread.  A SimpleFSDP MLP sized so that a step's communication takes about as long as
-its compute is timed under several configurations, alternated step by step:
+its compute is timed under several configurations, alternated step by step.  ``--model llama`` times a
+small Llama (embeddings, GQA attention, SwiGLU, tied to nothing; cross-entropy loss) instead of the MLP.
 
     fsdp2_eager       torch.distributed.fsdp.fully_shard (per layer + root), eager
     compiled          SimpleFSDP model under torch.compile, no communication passes
-    inductor_builtin  + Inductor's own passes (bucket_*_fx="all", reorder_for_compute_comm_overlap passes)
+    inductor_builtin  + Inductor's legacy passes (bucket_*_fx="all", reorder_for_compute_comm_overlap passes)
+    inductor_overlap  + Inductor's OverlapScheduler with collective bucketing, as torchtitan's graph_trainer
+                      configures it ("auto_bucketing"; _inductor_peers.py; not in the default --configs)
+    inductor_manual   + Inductor's manual_overlap_bucketing, a bucket per block, as torchtitan configures it
+                      ("transformer_block_bucketing"; not in the default --configs)
     fsdp_passes       + fsdp_passes.enable(bucketing="auto") (the cost-model planner, the default)
     fsdp_passes_separate  the same, the model wrapped with data_parallel(reduce_scatter_group="separate"):
                       gradient reduce-scatters on a second process group over the same ranks
@@ -22,11 +27,14 @@ backward: its exposed communication).
 
 ``--balanced`` sizes the batch from a probe instead of ``--batch``: both ranks time the unsharded model's
 eager step at a probe batch and the step's collectives on the link, and the batch is scaled so that compute
-takes as long as communication (compute grows with the batch, communication does not).
+takes ``--compute-over-comm`` times as long as communication (default 1; compute grows with the batch,
+communication does not): 2 makes the step compute-bound, 0.5 communication-bound.
 
     sudo python benchmarks/emulated_cluster.py                 # full run, writes results/emulated_cluster.json
     sudo python benchmarks/emulated_cluster.py --balanced --out /tmp/balanced.json   # batch from the probe
     sudo python benchmarks/emulated_cluster.py --smoke --out /tmp/smoke.json
+    sudo python benchmarks/emulated_cluster.py --model llama --balanced --compute-over-comm 2 \
+        --configs inductor_builtin,inductor_overlap,inductor_manual,fsdp_passes,fsdp_passes_manual,compute_only,comm_only
 
 Needs root, ``ip`` and ``tc``.  The namespaces (and so the veth pair) are deleted on every exit path.
 The script re-executes itself inside each namespace with ``--rank R``.
@@ -53,15 +61,18 @@ DEFAULT_OUT = REPO / "benchmarks" / "results" / "emulated_cluster.json"
 DEFAULT_PREFIX = "fsdpbench"
 TBF_BURST_BYTES = 256 * 1024  # the token bucket's size (tc "256kb"): bytes that pass at line rate when it is full
 SUBNET = "10.213.7."  # .1 rank 0, .2 rank 1; exists only inside our two namespaces
-ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "fsdp_passes", "fsdp_passes_separate",
-               "fsdp_passes_manual", "compute_only", "comm_only")
+ALL_CONFIGS = ("fsdp2_eager", "compiled", "inductor_builtin", "inductor_overlap", "inductor_manual", "fsdp_passes",
+               "fsdp_passes_separate", "fsdp_passes_manual", "compute_only", "comm_only")
+DEFAULT_CONFIGS = tuple(c for c in ALL_CONFIGS if c not in ("inductor_overlap", "inductor_manual"))
 OURS = ("fsdp_passes", "fsdp_passes_separate", "fsdp_passes_manual")
+INDUCTOR = ("inductor_builtin", "inductor_overlap", "inductor_manual")
 # Step-time targets of the balanced run: (reference, limit on ours / reference, description)
 TARGETS = (("compiled", 0.75, "<= 0.75 x compiled without passes"),
            ("inductor_builtin", 0.85, "<= 0.85 x Inductor built-ins"),
            ("fsdp2_eager", 0.8, "<= 0.8 x FSDP2 eager"),
            ("bound", 1.10, "<= 1.10 x the bound max(compute, comm)"))
-PROBE_BATCH = 1024  # rows per rank of the --balanced compute probe
+#: against the fastest Inductor configuration timed: (limit when balanced, limit when compute- or comm-bound)
+BEST_INDUCTOR_LIMITS = (0.95, 1.00)
 INDUCTOR_BUILTIN_PASSES = ["reorder_compute_for_overlap", "sink_waits", "raise_comms"]
 
 
@@ -69,13 +80,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rate", default="400mbit", help="tbf rate of each veth end (tc syntax), default 400mbit")
-    p.add_argument("--layers", type=int, default=8, help="MLP blocks (default 8)")
-    p.add_argument("--dim", type=int, default=512, help="model width (default 512)")
-    p.add_argument("--hidden", type=int, default=1024, help="MLP hidden width (default 1024)")
-    p.add_argument("--batch", type=int, default=1792, help="rows per rank per step (default 1792)")
+    p.add_argument("--model", choices=("mlp", "llama"), default="mlp",
+                   help="mlp (fsdp_passes.testing.build_mlp, default) or llama (build_llama)")
+    p.add_argument("--layers", type=int, default=None, help="blocks (default 8 MLP, 4 Llama)")
+    p.add_argument("--dim", type=int, default=None, help="model width (default 512 MLP, 256 Llama)")
+    p.add_argument("--hidden", type=int, default=None,
+                   help="MLP hidden width / Llama feed-forward width (default 1024 MLP, 768 Llama)")
+    p.add_argument("--heads", type=int, default=8, help="Llama attention heads (default 8)")
+    p.add_argument("--kv-heads", type=int, default=4, help="Llama key/value heads (default 4)")
+    p.add_argument("--vocab", type=int, default=4096, help="Llama vocabulary (default 4096)")
+    p.add_argument("--seq", type=int, default=128, help="Llama sequence length (default 128)")
+    p.add_argument("--batch", type=int, default=None,
+                   help="per rank per step: MLP rows (default 1792) or Llama sequences (default 8)")
     p.add_argument("--balanced", action="store_true",
-                   help="choose the batch from a measured probe so that a step's compute takes as long as its "
-                        "communication (overrides --batch)")
+                   help="choose the batch from a measured probe so that a step's compute takes "
+                        "--compute-over-comm times as long as its communication (overrides --batch)")
+    p.add_argument("--compute-over-comm", type=float, default=1.0,
+                   help="with --balanced: compute / communication of the chosen batch (default 1: balanced; "
+                        "2 compute-bound, 0.5 communication-bound)")
     p.add_argument("--no-reshard", dest="reshard", action="store_false",
                    help="keep gathered parameters from forward to backward (reshard_after_forward=False) in "
                         "every configuration; default: reshard after forward, so backward gathers again")
@@ -84,8 +106,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profiled-steps", type=int, default=3,
                    help="untimed steps per configuration profiled for backward waits, after the timed ones; the "
                         "median is reported (default 3)")
-    p.add_argument("--configs", default=",".join(ALL_CONFIGS),
-                   help=f"comma-separated subset of {','.join(ALL_CONFIGS)}")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma-separated subset of {','.join(ALL_CONFIGS)} (default: all but inductor_overlap "
+                        "and inductor_manual)")
     p.add_argument("--memory-budget", default="100%",
                    help="fsdp_passes memory_budget (default 100%%: one layer's parameters prefetched)")
     p.add_argument("--smoke", action="store_true",
@@ -100,11 +123,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
     p.add_argument("--params-json", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    defaults = {"mlp": dict(layers=8, dim=512, hidden=1024, batch=1792),
+                "llama": dict(layers=4, dim=256, hidden=768, batch=8)}[args.model]
     if args.smoke:
-        args.layers, args.dim, args.hidden, args.batch = 2, 64, 128, 16
+        defaults = {"mlp": dict(layers=2, dim=64, hidden=128, batch=16),
+                    "llama": dict(layers=2, dim=64, hidden=128, batch=2)}[args.model]
+        args.heads, args.kv_heads, args.vocab, args.seq = 4, 2, 128, 16
         args.steps, args.warmup, args.profiled_steps = 2, 1, 1
-        if args.configs == ",".join(ALL_CONFIGS):
+        if args.configs == ",".join(DEFAULT_CONFIGS):
             args.configs = "fsdp2_eager,fsdp_passes"
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.compute_over_comm <= 0:
+        p.error(f"--compute-over-comm must be positive, got {args.compute_over_comm}")
     args.config_list = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(args.config_list) - set(ALL_CONFIGS))
     if unknown:
@@ -351,6 +383,19 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
             if ref_value:
                 targets[f"{ours_name}_vs_{ref}"] = {"what": f"{ours_name} {text}", "ratio": ours / ref_value,
                                                     "limit": limit, "met": ours / ref_value <= limit}
+    inductor_timed = {n: med[n] for n in INDUCTOR if n in med}
+    if inductor_timed:
+        best = min(inductor_timed, key=inductor_timed.get)
+        balanced = bool(args.balanced) and args.compute_over_comm == 1.0
+        limit = BEST_INDUCTOR_LIMITS[0] if balanced else BEST_INDUCTOR_LIMITS[1]
+        summary["best_inductor"] = best
+        for ours_name in OURS:
+            if ours_name in med:
+                ratio = med[ours_name] / inductor_timed[best]
+                targets[f"{ours_name}_vs_best_inductor"] = {
+                    "what": f"{ours_name} <= {limit:.2f} x the fastest Inductor configuration ({best})"
+                            f"{' when balanced' if balanced else ''}",
+                    "ratio": ratio, "limit": limit, "met": ratio <= limit}
     summary["targets"] = targets
     return summary
 
@@ -370,13 +415,14 @@ def _combine_profiled(per_rank: list[dict]) -> dict:
 
 def print_table(s: dict) -> None:
     m = s["model"]
-    print(f"\nmodel: MLP, {m['layers']} layers, dim {m['dim']}, hidden {m['hidden']}, batch {m['batch']}"
-          f" per rank, {m['param_bytes'] / 2**20:.1f} MiB of fp32 parameters, reshard after forward "
-          f"{m['reshard_after_forward']}; {s['steps']} timed steps per configuration")
+    print(f"\nmodel: {m['describe']}, batch {m['batch']} per rank, {m['param_bytes'] / 2**20:.1f} MiB of fp32 "
+          f"parameters, reshard after forward {m['reshard_after_forward']}; {s['steps']} timed steps per "
+          "configuration")
     if s.get("balance_probe"):
         b = s["balance_probe"]
         print(f"batch chosen by the probe: compute {b['compute_s']:.3f} s at batch {b['probe_batch']}, "
-              f"communication {b['comm_s']:.3f} s -> batch {b['batch']}")
+              f"communication {b['comm_s']:.3f} s, compute / comm wanted {b['compute_over_comm']} "
+              f"-> batch {b['batch']}")
     print(f"{'configuration':<22}{'median s':>9}{'min s':>8}{'max s':>8}{'max/med':>8}{'bwd s':>7}{'bwd wait s':>11}"
           f"{'peak MiB':>9}  {'loss (rank 0)':>15}  {'loss (rank 1)':>15}")
     for name, c in s["configs"].items():
@@ -403,7 +449,8 @@ def print_table(s: dict) -> None:
 # ==================================================================================================
 
 def rank_main(args: argparse.Namespace) -> int:
-    return rank_entry(args, ("layers", "dim", "hidden", "batch", "balanced", "steps", "warmup", "profiled_steps",
+    return rank_entry(args, ("model", "layers", "dim", "hidden", "heads", "kv_heads", "vocab", "seq", "batch",
+                             "balanced", "compute_over_comm", "steps", "warmup", "profiled_steps",
                              "memory_budget", "rate", "reshard", "config_list"), _benchmark)
 
 
@@ -524,6 +571,53 @@ class _Config:
         self.name, self.step, self.context = name, step, context
 
 
+class _Workload:
+    """The timed model: how to build it (unsharded, or SimpleFSDP with options), its inputs for a batch, its
+    loss, and the bucket plans per block (ours as a pattern, Inductor's manual pass as one entry per block)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        n = args.layers
+        if args.model == "mlp":
+            self.describe = f"MLP, {n} layers, dim {args.dim}, hidden {args.hidden}"
+            self.ours_plan: list = [f"layers.[0-{n - 1}]"]
+            self.inductor_plan: list = [f"layers.{i}" for i in range(n)]
+            self.probe_batch, self.batch_multiple = 1024, 64  # rows
+        else:
+            self.describe = (f"Llama, {n} layers, dim {args.dim}, {args.heads} heads ({args.kv_heads} kv), "
+                             f"feed-forward {args.hidden}, vocab {args.vocab}, {args.seq} tokens per sequence")
+            self.ours_plan = ["tok_embeddings", f"layers.[0-{n - 1}]", ["norm", "output"]]
+            # torchtitan's transformer_block_bucketing plan for Llama: embeddings, each block, norm with output
+            self.inductor_plan = ["tok_embeddings", *[f"layers.{i}" for i in range(n)], ["norm", "output"]]
+            self.probe_batch, self.batch_multiple = 8, 1  # sequences
+
+    def build(self, fsdp: bool = True, **fsdp_options: Any) -> Any:
+        from fsdp_passes.testing import build_llama, build_mlp
+
+        a = self.args
+        if a.model == "mlp":
+            return build_mlp(n_layers=a.layers, dim=a.dim, hidden=a.hidden, seed=0, fsdp=fsdp, **fsdp_options)
+        return build_llama(n_layers=a.layers, dim=a.dim, n_heads=a.heads, n_kv_heads=a.kv_heads, ffn_dim=a.hidden,
+                           vocab=a.vocab, seq_len=a.seq, seed=0, fsdp=fsdp, **fsdp_options)
+
+    def inputs(self, batch: int, generator: Any) -> tuple:
+        import torch
+
+        a = self.args
+        if a.model == "mlp":
+            return (torch.randn(batch, a.dim, generator=generator),)
+        tokens = torch.randint(0, a.vocab, (batch, a.seq + 1), generator=generator)
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+    def loss(self, model: Any, *inputs: Any) -> Any:
+        import torch.nn.functional as F
+
+        if self.args.model == "mlp":
+            return model(inputs[0]).square().mean()
+        logits = model(inputs[0])
+        return F.cross_entropy(logits.flatten(0, 1), inputs[1].flatten())
+
+
 def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     import contextlib
 
@@ -532,20 +626,19 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     import torch.distributed as dist
 
     import fsdp_passes
-    from fsdp_passes.testing import build_mlp
+    from fsdp_passes.cost_model import CostModel
+
+    import _inductor_peers as peers
 
     world = dist.get_world_size()
-
-    def model_kwargs() -> dict:
-        return dict(n_layers=args.layers, dim=args.dim, hidden=args.hidden, seed=0)
+    work = _Workload(args)
 
     balance_probe = None
     if args.balanced:
-        balance_probe = _probe_balanced_batch(build_mlp(fsdp=False, **model_kwargs()), args.dim, world, args.reshard)
+        balance_probe = _probe_balanced_batch(work, world, args.reshard, args.compute_over_comm)
         args.batch = balance_probe["batch"]
         print(f"rank {rank}: balance probe {balance_probe}", flush=True)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(args.batch, args.dim, generator=gen)
+    batch_inputs = work.inputs(args.batch, torch.Generator().manual_seed(1000 + rank))
 
     # rank 0 measures the thread's speed; both ranks must plan with the same profile
     latency_us = _measure_link_latency_us()
@@ -553,13 +646,28 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
     dist.broadcast_object_list(box, src=0)
     cluster = _link_profile(args.rate, *box[0])
     ours_options = dict(bucketing="auto", reorder=True, cluster=cluster, memory_budget=args.memory_budget)
-    manual_options = dict(ours_options, bucketing="manual", bucket_plan=[f"layers.[0-{args.layers - 1}]"])
+    manual_options = dict(ours_options, bucketing="manual", bucket_plan=work.ours_plan)
 
     no_passes = lambda: inductor_config.patch(  # noqa: E731
         reorder_for_compute_comm_overlap=False, bucket_all_gathers_fx="none", bucket_reduce_scatters_fx="none")
     builtin = lambda: inductor_config.patch(  # noqa: E731
         reorder_for_compute_comm_overlap=True, reorder_for_compute_comm_overlap_passes=INDUCTOR_BUILTIN_PASSES,
         bucket_all_gathers_fx="all", bucket_reduce_scatters_fx="all")
+
+    # Inductor's OverlapScheduler plans with the same profile as ours: device peaks and collective prices
+    link_cost_model = CostModel.from_options(cluster)
+
+    @contextlib.contextmanager
+    def inductor_overlap() -> Any:
+        with peers.device_peaks_of(link_cost_model.profile), \
+                inductor_config.patch(peers.overlap_scheduling_config(link_cost_model)):
+            yield
+
+    @contextlib.contextmanager
+    def inductor_manual() -> Any:  # its scheduler estimates compute with the same roofline
+        with peers.device_peaks_of(link_cost_model.profile), \
+                inductor_config.patch(peers.manual_overlap_config(work.inductor_plan)):
+            yield
 
     def ours() -> Any:
         return fsdp_passes.enabled(**ours_options)
@@ -568,8 +676,8 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
         return fsdp_passes.enabled(**manual_options)
 
     def make_step(name: str, model: torch.nn.Module, compiled: bool) -> Callable[[], Any]:
-        def loss_fn(inp: torch.Tensor) -> torch.Tensor:
-            return model(inp).square().mean()
+        def loss_fn(*inputs: torch.Tensor) -> torch.Tensor:
+            return work.loss(model, *inputs)
 
         if compiled:
             # Dynamo does not guard on Inductor's config, and with nn-module inlining it would serve the first
@@ -582,7 +690,7 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
             for p in model.parameters():
                 p.grad = None
             with torch.profiler.record_function(FORWARD_RANGE):  # labels for the profiled steps; free otherwise
-                loss = fn(x)
+                loss = fn(*batch_inputs)
             with torch.profiler.record_function(BACKWARD_RANGE):
                 loss.backward()
             return loss.item()
@@ -591,33 +699,34 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
 
     configs: list[_Config] = []
     models: dict[str, torch.nn.Module] = {}
-    param_bytes = sum(p.numel() * 4 for p in build_mlp(fsdp=False, **model_kwargs()).parameters())
+    param_bytes = sum(p.numel() * 4 for p in work.build(fsdp=False).parameters())
     for name in args.config_list:
         if name == "fsdp2_eager":
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            model = build_mlp(fsdp=False, **model_kwargs())
+            model = work.build(fsdp=False)
             mesh = init_device_mesh("cpu", (world,))
             for layer in model.layers:
                 fully_shard(layer, mesh=mesh, reshard_after_forward=args.reshard)
             fully_shard(model, mesh=mesh, reshard_after_forward=args.reshard)
             configs.append(_Config(name, make_step(name, model, compiled=False), contextlib.nullcontext))
             models[name] = model
-        elif name in ("compiled", "inductor_builtin", *OURS):
+        elif name in ("compiled", *INDUCTOR, *OURS):
             # "separate": every rank creates the second process group here, in the same configuration order
             rs_group = "separate" if name == "fsdp_passes_separate" else None
-            model = build_mlp(reshard_after_forward=args.reshard, reduce_scatter_group=rs_group, **model_kwargs())
-            context = {"compiled": no_passes, "inductor_builtin": builtin, "fsdp_passes": ours,
+            model = work.build(reshard_after_forward=args.reshard, reduce_scatter_group=rs_group)
+            context = {"compiled": no_passes, "inductor_builtin": builtin, "inductor_overlap": inductor_overlap,
+                       "inductor_manual": inductor_manual, "fsdp_passes": ours,
                        "fsdp_passes_separate": ours, "fsdp_passes_manual": ours_manual}[name]
             configs.append(_Config(name, make_step(name, model, compiled=True), context))
             models[name] = model
         elif name == "compute_only":
-            model = build_mlp(fsdp=False, **model_kwargs())
+            model = work.build(fsdp=False)
             configs.append(_Config(name, make_step(name, model, compiled=True), no_passes))
             models[name] = model
         elif name == "comm_only":
-            step = _comm_only_step(build_mlp(fsdp=False, **model_kwargs()), world, args.reshard)
+            step = _comm_only_step(work.build(fsdp=False), world, args.reshard)
             configs.append(_Config(name, step, contextlib.nullcontext))
 
     times: dict[str, list[float]] = {c.name: [] for c in configs}
@@ -680,13 +789,19 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
                              "simulated_backward_exposed_comm_ms": _simulated_backward_exposed(pass_reports_raw),
                              "fsdp_passes_options": ours_options, "fsdp_passes_manual_options": manual_options,
                              "fsdp_passes_reports": pass_reports,
-                             "inductor_builtin_passes": INDUCTOR_BUILTIN_PASSES}
+                             "inductor_builtin_passes": INDUCTOR_BUILTIN_PASSES,
+                             "inductor_overlap": peers.OVERLAP_SCHEDULING_NOTE,
+                             "inductor_manual_plan": work.inductor_plan}
     return {
         "rank": rank, "times": times, "losses": losses, "machine": _machine(), "extra": extra,
         "profiled": profiled, "balance_probe": balance_probe,
-        "model": {"kind": "MLP (fsdp_passes.testing.build_mlp), fp32", "reshard_after_forward": args.reshard,
-                  "layers": args.layers, "dim": args.dim, "hidden": args.hidden, "batch": args.batch,
-                  "param_bytes": param_bytes, "loss": "mean(model(x)**2), forward + backward, no optimizer"},
+        "model": {"kind": f"{args.model} (fsdp_passes.testing.build_{args.model}), fp32", "describe": work.describe,
+                  "reshard_after_forward": args.reshard, "layers": args.layers, "dim": args.dim,
+                  "hidden": args.hidden, "batch": args.batch, "param_bytes": param_bytes,
+                  **({"heads": args.heads, "kv_heads": args.kv_heads, "vocab": args.vocab, "seq": args.seq}
+                     if args.model == "llama" else {}),
+                  "loss": ("mean(model(x)**2)" if args.model == "mlp" else "cross-entropy of next tokens")
+                  + ", forward + backward, no optimizer"},
     }
 
 
@@ -772,27 +887,33 @@ def _simulated_backward_exposed(reports: dict[str, list[Any]]) -> dict[str, floa
     return out
 
 
-def choose_balanced_batch(probe_batch: int, compute_s: float, comm_s: float, multiple: int = 64) -> int:
-    """The batch at which a step's compute (proportional to the batch) takes ``comm_s``, given that it took
-    ``compute_s`` at ``probe_batch``; rounded to a multiple of ``multiple``, at least ``multiple``."""
+def choose_balanced_batch(probe_batch: int, compute_s: float, comm_s: float, multiple: int = 64,
+                          compute_over_comm: float = 1.0) -> int:
+    """The batch at which a step's compute (proportional to the batch) takes ``compute_over_comm * comm_s``,
+    given that it took ``compute_s`` at ``probe_batch``; rounded to a multiple of ``multiple``, at least
+    ``multiple``."""
     if compute_s <= 0 or comm_s <= 0:
         raise ValueError(f"choose_balanced_batch: times must be positive (compute {compute_s}, comm {comm_s})")
-    return max(multiple, round(probe_batch * comm_s / compute_s / multiple) * multiple)
+    if compute_over_comm <= 0:
+        raise ValueError(f"choose_balanced_batch: compute_over_comm must be positive, got {compute_over_comm}")
+    wanted = probe_batch * compute_over_comm * comm_s / compute_s
+    return max(multiple, round(wanted / multiple) * multiple)
 
 
-def _probe_balanced_batch(full_model: Any, dim: int, world: int, reshard: bool) -> dict:
-    """Times one step's compute (the unsharded model, eager, at ``PROBE_BATCH`` rows) and one step's
+def _probe_balanced_batch(work: "_Workload", world: int, reshard: bool, compute_over_comm: float) -> dict:
+    """Times one step's compute (the unsharded model, eager, at the workload's probe batch) and one step's
     collectives on the link (``_comm_only_step``) on both ranks at once, as the benchmark runs them; the
     slower rank's medians decide (the same batch on both ranks)."""
     import torch
     import torch.distributed as dist
 
-    xp = torch.randn(PROBE_BATCH, dim)
+    full_model = work.build(fsdp=False)
+    probe_inputs = work.inputs(work.probe_batch, torch.Generator().manual_seed(7))
 
     def compute_step() -> None:
         for p in full_model.parameters():
             p.grad = None
-        full_model(xp).square().mean().backward()
+        work.loss(full_model, *probe_inputs).backward()
 
     def timed(fn: Callable[[], Any], n: int) -> list[float]:
         fn()  # warm-up
@@ -809,8 +930,10 @@ def _probe_balanced_batch(full_model: Any, dim: int, world: int, reshard: bool) 
     slowest = torch.tensor([statistics.median(compute_times), statistics.median(comm_times)], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     compute_s, comm_s = slowest.tolist()
-    return {"probe_batch": PROBE_BATCH, "compute_s": compute_s, "comm_s": comm_s,
-            "batch": choose_balanced_batch(PROBE_BATCH, compute_s, comm_s),
+    return {"probe_batch": work.probe_batch, "compute_s": compute_s, "comm_s": comm_s,
+            "compute_over_comm": compute_over_comm,
+            "batch": choose_balanced_batch(work.probe_batch, compute_s, comm_s, work.batch_multiple,
+                                           compute_over_comm),
             "compute_times_s": compute_times, "comm_times_s": comm_times,
             "how": "median of 3 steps after a warm-up, slower rank; compute: unsharded model, eager"}
 

@@ -1,4 +1,5 @@
-"""Schedule quality: fsdp_passes against Inductor's own comm passes on Llama-3-8B-shaped SimpleFSDP graphs.
+"""Schedule quality: fsdp_passes against Inductor's own comm passes on Llama-3-8B-shaped SimpleFSDP graphs, and on
+Llama-3-70B-shaped graphs with tensor parallel inside a node and data parallel across nodes (``--tp``).
 
 Every configuration compiles the same model with the real Inductor pipeline up to the end of the scheduler's
 comm-overlap passes (nothing is code-generated or run), and the order Inductor would generate code in is
@@ -20,6 +21,11 @@ scored by fsdp_passes' simulator with one cluster profile:
     python benchmarks/schedule_quality.py --layers 32
     python benchmarks/schedule_quality.py --smoke              # tiny dims, 1 layer, world 8 (CI)
     python benchmarks/schedule_quality.py --world-sizes 8 --configs aeg   # float8 gathers against bf16
+    python benchmarks/schedule_quality.py --model llama3-70b --layers 2 --tp 8 --world-sizes 64   # dp 8 x tp 8
+
+With ``--tp N`` the world is a ``(dp, tp)`` mesh with tp innermost (a node's 8 ranks are one tp group when N is
+8): the model is made tensor / sequence parallel with ``parallelize_module`` (torchtitan's Llama 3 plan), then
+sharded by ``fsdp_passes.data_parallel`` over dp; the tensor-parallel group's collectives are reported apart.
 """
 
 from __future__ import annotations
@@ -27,17 +33,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import os
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _common as C  # noqa: E402
+import _inductor_peers as peers  # noqa: E402
 import torch  # noqa: E402
 
 CONFIGS = {
@@ -49,6 +55,7 @@ CONFIGS = {
     "f": "ours-manual",
     "g": "ours-float8",
 }
+MODEL_DIMS = {"llama3-8b": C.LLAMA3_8B, "llama3-70b": C.LLAMA3_70B}
 LEGACY_SCHED_PASSES = ["sink_waits", "raise_comms", "reorder_compute_for_overlap"]
 
 
@@ -75,83 +82,8 @@ def _timed_attr(module: Any, name: str, recorder: C.Recorder) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def _collective_payload(node: torch.fx.Node) -> tuple[str, int, int, int]:
-    """(op, full payload bytes, group size, in+out bytes) of a functional collective FX node."""
-    def nbytes(v: Any) -> int:
-        if isinstance(v, torch.Tensor):
-            return v.numel() * v.element_size()
-        if isinstance(v, (list, tuple)):
-            return sum(nbytes(x) for x in v)
-        return 0
-
-    name = str(node.target)
-    out = nbytes(node.meta.get("val"))
-    inp = sum(nbytes(a.meta.get("val")) for a in node.args if isinstance(a, torch.fx.Node))
-    size = next((a for a in node.args if isinstance(a, int) and not isinstance(a, bool)), None)
-    if "all_gather" in name:
-        return "all_gather", out, size or 1, inp + out
-    if "reduce_scatter" in name:
-        return "reduce_scatter", inp, size or 1, inp + out
-    if "all_reduce" in name:
-        return "all_reduce", inp, torch.distributed.get_world_size(), inp + out
-    return "other", 0, 1, inp + out
-
-
-def _overlap_estimator(cost_model: Any) -> Callable[[torch.fx.Node, Any], Any]:
-    """custom_runtime_estimation for the OverlapScheduler: collectives priced by our cost model (so the
-    peer plans with the same numbers it is scored with); compute left to its own roofline."""
-    world = torch.distributed.get_world_size()
-
-    def estimate(node: torch.fx.Node, override_size: Any = None) -> Any:
-        if node.op != "call_function" or "_c10d_functional" not in str(node.target):
-            return None
-        op, payload, size, in_out = _collective_payload(node)
-        if op == "other":
-            return None
-        if override_size is not None:  # Inductor's size unit is input + output bytes
-            payload = int(override_size * payload / in_out) if in_out else int(override_size)
-        if op == "all_reduce":
-            size = world
-        return cost_model.collective_ms(op, payload, size)
-
-    return estimate
-
-
 def _block_plan(layers: int) -> list:
     return ["tok_embeddings", *[f"layers.{i}" for i in range(layers)], ["norm", "output"]]
-
-
-class _ManualOverlapPass:
-    """Inductor's manual_overlap_bucketing as a post_grad_custom_post_pass (how torchtitan applies it)."""
-
-    def __init__(self, plan: list, recorder: C.Recorder) -> None:
-        self.plan = plan
-        self.recorder = recorder
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing
-
-        t = time.perf_counter()
-        try:
-            manual_overlap_bucketing(graph.owning_module, module_bucket_plans=self.plan, insert_overlap_deps=True)
-        finally:
-            self.recorder.add_fx_time(time.perf_counter() - t)
-
-    def uuid(self) -> bytes:
-        return hashlib.sha256(repr(("manual_overlap", self.plan)).encode()).digest()
-
-
-def _as_custom_graph_pass(p: Any) -> Any:
-    from torch._inductor.custom_graph_pass import CustomGraphPass
-
-    class _P(CustomGraphPass):
-        def __call__(self, graph: torch.fx.Graph) -> None:
-            p(graph)
-
-        def uuid(self) -> Any:
-            return p.uuid()
-
-    return _P()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -182,11 +114,8 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
             note = "FX bucketing 'all' + " + ", ".join(LEGACY_SCHED_PASSES)
         if key in ("c", "d"):
             # CPU workaround: Inductor's roofline asks triton for the device's peaks; give it the profile's
-            import torch.utils._runtime_estimation as rt
-
             prof = cost_model.profile
-            stack.enter_context(_patched(rt, "get_device_tflops", lambda dtype: _tflops(prof, dtype)))
-            stack.enter_context(_patched(rt, "get_gpu_dram_gbps", lambda: prof.mem_bw_gbps))
+            stack.enter_context(peers.device_peaks_of(prof))
         if key == "c":
             from torch._inductor.fx_passes import overlap_scheduling
 
@@ -197,12 +126,13 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
                 "aten_distributed_optimizations.collective_bucketing": True,
                 "aten_distributed_optimizations.enable_fusion_regions": False,
                 "aten_distributed_optimizations.compute_estimator": "analytical",
-                "aten_distributed_optimizations.custom_runtime_estimation": _overlap_estimator(cost_model),
+                "aten_distributed_optimizations.custom_runtime_estimation": peers.overlap_estimator(cost_model),
             })
             note = ("OverlapScheduler + collective_bucketing; analytical compute with device peaks patched to "
                     f"the {prof.name} profile; collectives priced by our cost model")
         elif key == "d":
-            patches["post_grad_custom_post_pass"] = _as_custom_graph_pass(_ManualOverlapPass(_block_plan(layers), rec))
+            patches["post_grad_custom_post_pass"] = peers.as_custom_graph_pass(
+                peers.ManualOverlapPass(_block_plan(layers), on_time=rec.add_fx_time))
             note = "torch._inductor manual_overlap_bucketing, plan = tok_embeddings, layers.<i> each, [norm, output]"
         elif key in ("e", "f", "g"):
             ours = True
@@ -261,21 +191,6 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
     total["peak_memory_bytes"] = max((g["peak_memory_bytes"] for g in graphs), default=0)
     total["capture_wall_s"] = wall
     return {"config": key, "name": name, "note": note, "error": None, "graphs": graphs, "total": total}
-
-
-def _tflops(profile: Any, dtype: Any) -> float:
-    return {torch.bfloat16: profile.tflops_bfloat16, torch.float16: profile.tflops_float16}.get(
-        dtype, profile.tflops_float32)
-
-
-@contextlib.contextmanager
-def _patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    original = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -343,6 +258,51 @@ def targets(results: dict[str, dict]) -> list[dict[str, Any]]:
     return out
 
 
+def tp_unchanged(result: dict[str, Any], base: dict[str, Any], tp_group: str) -> bool:
+    """Whether ``result`` issues the tensor-parallel group's collectives as config ``base`` (no comm passes)
+    does, in every graph: same ops, payloads and order."""
+    return all(g["sequences_by_group"].get(tp_group, []) == b["sequences_by_group"].get(tp_group, [])
+               for g, b in zip(result["graphs"], base["graphs"]))
+
+
+def tp_targets(results: dict[str, dict], tp_group: str) -> list[dict[str, Any]]:
+    """With a tensor-parallel group: ours keep its collectives as config a issues them."""
+    a = results.get("a")
+    out = []
+    for k in ("e", "f"):
+        r = results.get(k)
+        if not r or r.get("error") or not a or a.get("error"):
+            continue
+        out.append({"target": f"{CONFIGS[k]} tp-group collectives as config a's (op, bytes, order), per graph",
+                    "met": tp_unchanged(r, a, tp_group)})
+    return out
+
+
+def group_table(results: dict[str, dict], groups: dict[str, str]) -> str:
+    """Per configuration and process group (``groups``: name -> label): collectives forward / backward, their
+    summed time, and whether the tp group's sequence is config a's."""
+    labels = list(groups.values())
+    a = results.get("a")
+    rows = []
+    for k, r in results.items():
+        if r.get("error"):
+            continue
+        by = {g["graph"]: g for g in r["graphs"]}
+        row = [f"{k} {r['name']}"]
+        for name in groups:
+            fwd = len(by.get("forward", {}).get("sequences_by_group", {}).get(name, []))
+            bwd = len(by.get("backward", {}).get("sequences_by_group", {}).get(name, []))
+            ms = sum(g["comm_ms_by_group"].get(name, 0.0) for g in r["graphs"])
+            row += [f"{fwd} / {bwd}", f"{ms:.2f}"]
+        tp = next((n for n, lab in groups.items() if lab == "tp"), None)
+        row.append("yes" if a and not a.get("error") and tp and tp_unchanged(r, a, tp) else "no")
+        rows.append(row)
+    headers = ["config"]
+    for lab in labels:
+        headers += [f"{lab} colls fwd / bwd", f"{lab} comm ms"]
+    return C.fmt_table(headers + ["tp seq = a's"], rows)
+
+
 def table(results: dict[str, dict]) -> str:
     rows = []
     for k, r in results.items():
@@ -385,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq-len", type=int, default=8192)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=128256)
+    ap.add_argument("--model", choices=sorted(MODEL_DIMS), default="llama3-8b", help="block shapes")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size: a (world/tp, tp) mesh, tp innermost")
     ap.add_argument("--world-sizes", type=int, nargs="+", default=[8, 64])
     ap.add_argument("--cluster", default="h100-nvlink")
     ap.add_argument("--memory-budget", default=_default_memory_budget(), help="our passes' memory_budget "
@@ -394,27 +356,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     print(f"load average at start: {os.getloadavg()}", flush=True)
+    if a.tp < 1:
+        raise ValueError(f"--tp {a.tp}: allowed: an integer >= 1 that divides every world size")
     if a.smoke:
         dims = dict(C.SMOKE, vocab=128, seq_len=16, layers=1)
         a.world_sizes = [8]
         a.batch = 1
     else:
-        dims = dict(C.LLAMA3_8B, vocab=a.vocab, seq_len=a.seq_len, layers=a.layers)
+        dims = dict(MODEL_DIMS[a.model], vocab=a.vocab, seq_len=a.seq_len, layers=a.layers)
+    bad = [w for w in a.world_sizes if w % a.tp]
+    if bad:
+        raise ValueError(f"--tp {a.tp} does not divide --world-sizes {bad}: allowed: a divisor of every world size")
     d = C.LlamaDims(batch=a.batch, **dims)
     out_path = a.out or (C.RESULTS_DIR / ("schedule_quality_smoke.json" if a.smoke else "schedule_quality.json"))
 
     from fsdp_passes.testing import fake_process_group
 
     doc: dict[str, Any] = {"benchmark": "schedule_quality", "machine": C.machine(), "argv": sys.argv[1:],
-                           "model": {**dataclasses_asdict(d), "params": d.params(),
-                                     "sharding": "simple_fsdp, reshard_after_forward, bf16 params, fp32 grad RS"},
+                           "model": {**dataclasses_asdict(d), "params": d.params(), "shape": a.model, "tp": a.tp,
+                                     "sharding": ("simple_fsdp" if a.tp == 1 else
+                                                  f"parallelize_module over tp {a.tp} (torchtitan Llama 3 plan), "
+                                                  "then fsdp_passes.data_parallel over dp")
+                                                 + ", reshard_after_forward, bf16 params, fp32 grad RS"},
                            "cluster": a.cluster, "memory_budget": a.memory_budget, "configs": CONFIGS,
                            "load_avg_start": os.getloadavg(), "runs": []}
     for world in a.world_sizes:
+        groups: dict[str, str] = {}
         with fake_process_group(world_size=world), C.quiet_warnings():
             sharding = dict(reshard_after_forward=True, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            model = C.build_sharded_llama(d, **sharding)
-            float8_model = C.build_sharded_llama(d, **sharding, float8_all_gather=True) if "g" in a.configs else None
+            if a.tp > 1:
+                from torch.distributed.device_mesh import init_device_mesh
+
+                mesh = init_device_mesh("cpu", (world // a.tp, a.tp), mesh_dim_names=("dp", "tp"))
+                groups = {mesh.get_group(0).group_name: "dp", mesh.get_group(1).group_name: "tp"}
+
+                def build(**extra: Any) -> torch.nn.Module:
+                    return C.build_tp_sharded_llama(d, mesh, **sharding, **extra)
+            else:
+                def build(**extra: Any) -> torch.nn.Module:
+                    return C.build_sharded_llama(d, **sharding, **extra)
+            model = build()
+            float8_model = build(float8_all_gather=True) if "g" in a.configs else None
             args = (C.tokens(d),)
             results: dict[str, dict] = {}
             for key in a.configs:
@@ -424,11 +406,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[world {world}] {key} {CONFIGS[key]}: {time.perf_counter() - t:.1f}s"
                       + (f"  ERROR {results[key]['error']}" if results[key].get("error") else ""), flush=True)
         tg = targets(results)
-        header = (f"world {world} ({a.cluster}{', ' + str(world // 8) + ' nodes' if world > 8 else ''}), "
+        tp_group = next((n for n, lab in groups.items() if lab == "tp"), None)
+        if tp_group is not None:
+            tg += tp_targets(results, tp_group)
+        header = (f"world {world} ({a.cluster}{', ' + str(world // 8) + ' nodes' if world > 8 else ''}"
+                  f"{f', dp {world // a.tp} x tp {a.tp}' if a.tp > 1 else ''}), "
                   f"{d.layers} layers, dim {d.dim}, ffn {d.ffn_dim}, seq {d.seq_len}, batch {d.batch}, "
                   f"vocab {d.vocab}")
         print("\n" + header)
         print(table(results))
+        if groups:
+            print(group_table(results, groups))
         print(gap_table(results))
         base = results.get("a")
         for k, r in results.items():
@@ -448,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  [{'MET' if t['met'] else 'MISSED'}] {t['target']}: "
                   + (f"{t['value_ms']:.3f} ms vs limit {t['limit_ms']:.3f} ms; " if "value_ms" in t else "")
                   + str(t.get("detail", "")))
-        doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "results": results, "targets": tg})
+        doc["runs"].append({"world_size": world, "nodes": max(1, world // 8), "groups": groups, "results": results,
+                            "targets": tg})
         doc["load_avg_end"] = os.getloadavg()
         C.write_json(out_path, doc)
     print(f"\nload average at end: {os.getloadavg()}\nwrote {out_path}")

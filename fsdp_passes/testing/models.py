@@ -45,6 +45,7 @@ __all__ = [
     "build_sequence_parallel_lm",
     "sequence_parallel_plan",
     "sequence_parallel_lm_stage",
+    "llama_tensor_parallel_plan",
 ]
 
 from ..frontend import FSDP_PARAM_META_KEY, FSDPParam, MixedPrecisionPolicy, data_parallel, sharded_params
@@ -203,9 +204,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.wq(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.wv(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallel the projections hold this rank's heads only
+        q = self.wq(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
@@ -479,5 +481,42 @@ def sequence_parallel_plan(model: SequenceParallelLM, loss_parallel: bool = Fals
             f"layers.{i}.ffn": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             f"layers.{i}.ffn.w1": ColwiseParallel(),
             f"layers.{i}.ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return plan
+
+
+def llama_tensor_parallel_plan(model: Llama) -> dict[str, Any]:
+    """The ``parallelize_module`` plan of :class:`Llama` in torchtitan's Llama 3 layout (tensor and sequence
+    parallel): the embedding ``RowwiseParallel`` into a sequence-sharded residual stream, the RMSNorms
+    ``SequenceParallel``, attention and feed-forward inputs all-gathered by ``PrepareModuleInput``, ``wq`` /
+    ``wk`` / ``wv`` and ``w1`` / ``w3`` ``ColwiseParallel``, ``wo`` and ``w2`` ``RowwiseParallel`` reduce-scattered
+    back to sequence shards, the output ``ColwiseParallel`` gathered to replicated logits (no loss parallel).
+    Heads, kv heads, the ffn size, the vocabulary and the sequence length must divide by the tensor-parallel
+    size."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    plan: dict[str, Any] = {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+    }
+    for i in range(len(model.layers)):
+        block = f"layers.{i}"
+        plan.update({
+            f"{block}.attention_norm": SequenceParallel(),
+            f"{block}.attention": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            **{f"{block}.attention.{w}": ColwiseParallel() for w in ("wq", "wk", "wv")},
+            f"{block}.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            f"{block}.ffn_norm": SequenceParallel(),
+            f"{block}.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),),
+                                                        desired_input_layouts=(Replicate(),)),
+            **{f"{block}.feed_forward.{w}": ColwiseParallel() for w in ("w1", "w3")},
+            f"{block}.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         })
     return plan

@@ -15,10 +15,11 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
 
 
-def _run(script: str, out: Path, timeout: float) -> str:
+def _run(script: str, out: Path, timeout: float, *extra: str) -> str:
     env = dict(os.environ)
     env.setdefault("PYTHONWARNINGS", "ignore")
-    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out)], cwd=REPO, env=env,
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", "--out", str(out), *extra], cwd=REPO,
+                          env=env,
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     assert out.exists()
@@ -57,6 +58,30 @@ def test_schedule_quality_smoke(tmp_path: Path) -> None:
     targets = doc["runs"][0]["targets"]
     assert targets and all(isinstance(t["met"], bool) for t in targets)
     assert "MET" in stdout or "MISSED" in stdout
+
+
+def test_schedule_quality_smoke_two_d(tmp_path: Path) -> None:
+    """``--tp 2``: world 8 as dp 4 x tp 2 (tensor parallel applied first, then data_parallel), the baseline and our
+    two planners: the tp group's collectives are reported apart, ours leave them as the baseline issues them and
+    merge the dp group's."""
+    out = tmp_path / "schedule_quality_tp.json"
+    stdout = _run("schedule_quality.py", out, 240, "--tp", "2", "--configs", "aef")
+    doc = json.loads(out.read_text())
+    run = doc["runs"][0]
+    assert run["world_size"] == 8 and sorted(run["groups"].values()) == ["dp", "tp"] and doc["model"]["tp"] == 2
+    dp, tp = (next(n for n, label in run["groups"].items() if label == want) for want in ("dp", "tp"))
+    results = run["results"]
+    assert set(results) == set("aef") and all(r["error"] is None for r in results.values())
+
+    def per_graph(key: str, group: str) -> dict[str, list[str]]:
+        return {g["graph"]: g["sequences_by_group"].get(group, []) for g in results[key]["graphs"]}
+
+    assert all(len(seq) >= 3 for seq in per_graph("a", tp).values())  # sequence-parallel gathers / scatters
+    for key in "ef":
+        assert per_graph(key, tp) == per_graph("a", tp)
+        assert sum(map(len, per_graph(key, dp).values())) < sum(map(len, per_graph("a", dp).values()))
+    assert "tp seq = a's" in stdout
+    assert [t["met"] for t in run["targets"] if "tp-group" in t["target"]] == [True, True]
 
 
 def test_pass_scaling_smoke(tmp_path: Path) -> None:

@@ -553,3 +553,38 @@ def test_cost_model_bad_nodes(small):
         model.node_ms(DagNode("c", NodeKind.COLLECTIVE, group_size=2, comm_bytes=10))
     with pytest.raises(ValueError, match="profile"):
         CostModel("h100-nvlink")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rank", [0, 63])
+def test_a_dp8_by_tp8_mesh_prices_tp_on_nvlink_and_dp_on_the_network(fake_pg_factory, rank):
+    """World 64 on nodes of 8 (h100-nvlink), a ``(dp 8, tp 8)`` mesh with tp innermost: the ranks the DAG builder
+    reads off each group (``fill_collective``) put the tp group inside one node and the dp group one rank per
+    node, so the same 1 GiB all-gather is priced on NVLink for tp and on one NIC per node for dp.  Expected
+    times are the ring's α–β formula (field notes §5) with the profile's Simple-protocol numbers, by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from fsdp_passes.dag.ops import fill_collective
+
+    fake_pg_factory(64, rank)
+    mesh = init_device_mesh("cpu", (8, 8), mesh_dim_names=("dp", "tp"))
+    h100 = load_profile("h100-nvlink")
+    assert (h100.gpus_per_node, h100.nics_per_node) == (8, 8)
+    node_of_rank = rank // 8
+    nbytes, n = GiB, 8
+    priced = {}
+    for dim, expected_ranks in (("dp", tuple(range(rank % 8, 64, 8))), ("tp", tuple(range(8 * node_of_rank,
+                                                                                             8 * node_of_rank + 8)))):
+        node = DagNode(f"ag_{dim}", NodeKind.COLLECTIVE, collective=AG)
+        fill_collective(node, AG, (n, mesh[dim].get_group().group_name), nbytes // n, nbytes)
+        assert node.group_ranks == expected_ranks and node.comm_bytes == nbytes
+        priced[dim] = CostModel(h100).estimate([node])[0]
+    # tp: 7 ring steps, all over NVLink, at the node's bus bandwidth
+    tp_latency_us = h100.ring_base_latency_simple_us + 7 * h100.intra_hop_latency_simple_us
+    tp_ms = tp_latency_us / 1e3 + nbytes * 7 / 8 / (h100.intra_node_bw_gbps * 1e9) * 1e3
+    # dp: 7 ring steps, every one across nodes, through the one NIC each rank's node gives a 1-rank-per-node group
+    dp_latency_us = max(h100.ring_base_latency_simple_us + 7 * h100.inter_hop_latency_simple_us,
+                        h100.inter_node_latency_floor_us)
+    dp_ms = dp_latency_us / 1e3 + nbytes * 7 / 8 / (h100.inter_node_bw_per_nic_gbps * 1e9) * 1e3
+    assert priced["tp"] == pytest.approx(tp_ms, rel=1e-12)
+    assert priced["dp"] == pytest.approx(dp_ms, rel=1e-12)
+    assert priced["dp"] > 7 * priced["tp"]  # 360 GB/s NVLink against one 47 GB/s NIC

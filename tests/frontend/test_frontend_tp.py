@@ -1,7 +1,12 @@
-"""Tensor parallel under ``data_parallel`` on the fake process group: layouts, errors, and the passes leaving the
-tensor-parallel group's collectives as a compile without them has them.  Numerics: test_frontend_tp_gloo.py."""
+"""Tensor parallel under ``data_parallel`` on the fake process group: layouts, errors, and the passes on the 2-D
+graphs (fake world 8 = dp 4 x tp 2 and 64 = dp 8 x tp 8): the tensor-parallel group's collectives as a compile
+without the passes has them, the data-parallel group's merged (by the defaults, by a strict per-block plan, by the
+planner under a memory budget that counts both groups' buffers).  Numerics: test_frontend_tp_gloo.py."""
 
 from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,8 +21,8 @@ from fsdp_passes.frontend import data_parallel, sharded_params
 from fsdp_passes.testing.models import build_sequence_parallel_lm, sequence_parallel_plan
 
 
-def _lm(mesh, vocab: int = 22):
-    model = build_sequence_parallel_lm(vocab)
+def _lm(mesh, vocab: int = 22, n_layers: int = 1):
+    model = build_sequence_parallel_lm(vocab, n_layers=n_layers)
     parallelize_module(model, mesh["tp"], sequence_parallel_plan(model))
     return data_parallel(model, mesh["dp"])
 
@@ -65,31 +70,171 @@ def test_dtensors_it_cannot_shard_further_are_value_errors(fake_pg):
         data_parallel(elsewhere, mesh["dp"])
 
 
-@pytest.mark.parametrize("world_size, shape, vocab, seq", [(8, (4, 2), 22, 8), (64, (8, 8), 64, 16)])
-def test_the_passes_keep_the_tensor_parallel_collectives_and_merge_the_data_parallel_ones(
-        fake_pg_factory, fresh_inductor, world_size, shape, vocab, seq):
-    """dp 4 x tp 2 (fake world 8) and dp 8 x tp 8 (64), ``fsdp_passes.enable()``'s defaults: each graph's tp-group
-    collectives (all-gathers, reduce-scatters and all-reduces of activations and of the replicated parameters'
-    gradients) are the same ops, payloads and order as in a compile without the passes; the dp group's are merged
-    into fewer."""
-    from fsdp_passes.testing.end_to_end import measure_compile
+# -- the passes on the 2-D graphs: one module-scoped set of compiles shared by the tests below ---------------------
 
-    fake_pg_factory(world_size, 0)
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
-    dp, tp = mesh.get_group(0).group_name, mesh.get_group(1).group_name
+N_LAYERS = 2
+#: one bucket per transformer block, the embedding, and the final norm with the output projection
+BLOCK_PLAN = ["embed", f"layers.[0-{N_LAYERS - 1}]", ["norm", "output"]]
+BLOCK_PLAN_ENTRIES = [["embed"], *[[f"layers.{i}"] for i in range(N_LAYERS)], ["norm", "output"]]
+BUDGET_BYTES = 1000  # a few shards' worth at these sizes: the planner can merge some, not all
+CONFIGS = {
+    "without": None,
+    "defaults": {},
+    "block_plan": dict(bucketing="manual", bucket_plan=BLOCK_PLAN, strict=True),
+    "auto_budget": dict(bucketing="auto", memory_budget=BUDGET_BYTES, strict=True),
+}
+
+
+@dataclass
+class _Run:
+    """One compile, measured on Inductor's final scheduler order of each graph (``"forward"``, ``"backward"``)."""
+
+    sequences: dict[str, dict[str, list[str]]]  # graph -> process group -> "op group bytes dtype"
+    peak_bytes: dict[str, int]  # graph -> simulated peak of the final order
+    peak_bytes_without_tp_buffers: dict[str, int]  # the same order with the tp collectives' outputs sized 0
+    reports: list  # fsdp_passes.last_reports() of this compile
+    warnings: list[str]  # UserWarnings and RuntimeWarnings raised while compiling
+
+
+@dataclass
+class _TwoD:
+    world_size: int
+    dp: str
+    tp: str
+    dp_gathered_bytes: dict[str, int]  # parameter FQN -> bytes of its dp all-gather (the tp-local part, padded)
+    runs: dict[str, _Run]
+
+
+def _compile_2d(mesh, vocab: int, seq: int, options) -> _Run:
+    from fsdp_passes.dag.graph import NodeKind
+    from fsdp_passes.inductor.scheduler_adapter import dag_from_scheduler_nodes
+    from fsdp_passes.simulate import peak_memory
+    from fsdp_passes.testing.capture import capture_scheduler_nodes
+
+    tp = mesh.get_group(1).group_name
     tokens = torch.randint(0, vocab, (2, seq), generator=torch.Generator().manual_seed(0))
-    sequences = {}
-    for name, options in (("without", None), ("with", {})):
-        fsdp_passes.last_reports(clear=True)
-        sequences[name] = {m.graph_name: m.sequences
-                           for m in measure_compile(_lm(mesh, vocab), tokens, options=options)}
-        torch._dynamo.reset()
-    assert not [r.fallback for r in fsdp_passes.last_reports() if r.fallback]
-    assert set(sequences["with"]) == set(sequences["without"]) == {"forward", "backward"}
+    fsdp_passes.last_reports(clear=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        captures = capture_scheduler_nodes(_lm(mesh, vocab, N_LAYERS), tokens, options=options)
+    torch._dynamo.reset()
+    run = _Run({}, {}, {}, fsdp_passes.last_reports(),
+               [str(w.message) for w in caught if issubclass(w.category, (UserWarning, RuntimeWarning))])
+    for capture in captures:
+        with capture.graph_context():
+            dag = dag_from_scheduler_nodes(capture.after)
+        order = list(range(len(dag)))
+        per_group: dict[str, list[str]] = {}
+        for node in dag.nodes:
+            if node.kind is NodeKind.COLLECTIVE:
+                per_group.setdefault(node.group_name, []).append(
+                    f"{node.collective.value} {node.group_name} {node.comm_bytes} {node.dtype}")
+        run.sequences[capture.graph_name] = per_group
+        run.peak_bytes[capture.graph_name] = peak_memory(dag, order)
+        for node in dag.nodes:
+            if node.kind is NodeKind.COLLECTIVE and node.group_name == tp:
+                node.out_bytes, node.output_buffers = 0, ()
+        run.peak_bytes_without_tp_buffers[capture.graph_name] = peak_memory(dag, order)
+    return run
+
+
+@pytest.fixture(scope="module", params=[(8, (4, 2), 22, 8), (64, (8, 8), 64, 16)], ids=["world8", "world64"])
+def two_d(request) -> _TwoD:
+    """dp x tp on a fake process group, the model of ``_lm`` with ``N_LAYERS`` blocks compiled once per entry of
+    ``CONFIGS`` (up to the scheduler's final order; caches off, as ``fresh_inductor``).  The process group is
+    gone when the tests run: they read only these results."""
+    import math
+
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    from fsdp_passes.testing import fake_process_group
+
+    world_size, shape, vocab, seq = request.param
+    torch._dynamo.reset()
+    with fake_process_group(world_size, 0), inductor_config.patch(
+            fx_graph_cache=False, fx_graph_remote_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("dp", "tp"))
+        infos = sharded_params(_lm(mesh, vocab, N_LAYERS))
+        gathered = {fqn: math.prod(i.shard_shape) * i.world_size * 4 for fqn, i in infos.items()}  # fp32
+        runs = {name: _compile_2d(mesh, vocab, seq, options) for name, options in CONFIGS.items()}
+        out = _TwoD(world_size, mesh.get_group(0).group_name, mesh.get_group(1).group_name, gathered, runs)
+    torch._dynamo.reset()
+    return out
+
+
+def _ops(sequence: list[str], op: str) -> list[int]:
+    """The payload bytes of ``sequence``'s collectives of kind ``op``, in issue order."""
+    return [int(item.split(" ")[2]) for item in sequence if item.split(" ")[0] == op]
+
+
+def test_the_passes_keep_the_tensor_parallel_collectives_and_merge_the_data_parallel_ones(two_d):
+    """``fsdp_passes.enable()``'s defaults: each graph's tp-group collectives (all-gathers, reduce-scatters and
+    all-reduces of activations and of the replicated parameters' gradients) are the same ops, payloads and order
+    as in a compile without the passes; the dp group's are merged into fewer."""
+    with_, without = two_d.runs["defaults"], two_d.runs["without"]
+    assert not [r.fallback for r in with_.reports if r.fallback]
+    assert set(with_.sequences) == set(without.sequences) == {"forward", "backward"}
+    dp, tp = two_d.dp, two_d.tp
     for graph in ("forward", "backward"):
-        with_, without = sequences["with"][graph], sequences["without"][graph]
-        assert with_[tp] == without[tp] and len(without[tp]) >= 3, (graph, with_[tp], without[tp])
-        assert len(with_[dp]) < len(without[dp]), (graph, with_[dp], without[dp])
+        w, wo = with_.sequences[graph], without.sequences[graph]
+        assert w[tp] == wo[tp] and len(wo[tp]) >= 3, (graph, w[tp], wo[tp])
+        assert len(w[dp]) < len(wo[dp]), (graph, w[dp], wo[dp])
+
+
+def test_a_strict_per_block_plan_merges_the_data_parallel_group_per_block(two_d):
+    """``bucketing="manual", strict=True`` with one plan entry per block in the compiled module's names: no
+    fallback, no warning (strict would raise on an entry that matched nothing); the dp group's collectives are
+    one per plan entry and op, their payloads the sums of the entry's parameters' gathers, worked out here from
+    the frontend's shard shapes; the tp group's collectives as without the passes."""
+    run, without = two_d.runs["block_plan"], two_d.runs["without"]
+    assert not [r.fallback for r in run.reports if r.fallback] and run.reports
+    assert run.warnings == []
+
+    def entry_bytes(entry: list[str], needed_in_backward: bool = False) -> int:
+        def in_entry(fqn: str) -> bool:
+            return any(fqn == p or fqn.startswith(p + ".") for p in entry)
+
+        # backward re-gathers only what the gradients need: a bias enters them only through its own gradient,
+        # an embedding's gradient needs only the token ids
+        return sum(b for fqn, b in two_d.dp_gathered_bytes.items() if in_entry(fqn) and not (
+            needed_in_backward and (fqn.endswith(".bias") or fqn.startswith("embed."))))
+
+    assert sum(entry_bytes(e) for e in BLOCK_PLAN_ENTRIES) == sum(two_d.dp_gathered_bytes.values())  # all claimed
+    forward_gathers = [entry_bytes(e) for e in BLOCK_PLAN_ENTRIES]
+    backward_regathers = [b for b in (entry_bytes(e, True) for e in reversed(BLOCK_PLAN_ENTRIES)) if b]
+    gradient_scatters = list(reversed(forward_gathers))
+    assert len(backward_regathers) == N_LAYERS + 1  # every block and [norm, output]; the embedding is not
+    dp, tp = two_d.dp, two_d.tp
+    forward, backward = run.sequences["forward"], run.sequences["backward"]
+    assert (_ops(forward[dp], "all_gather"), _ops(forward[dp], "reduce_scatter")) == (forward_gathers, [])
+    assert _ops(backward[dp], "all_gather") == backward_regathers
+    assert _ops(backward[dp], "reduce_scatter") == gradient_scatters
+    assert len(forward[dp]) + len(backward[dp]) == len(forward_gathers) + len(backward_regathers) + len(
+        gradient_scatters)
+    for graph in ("forward", "backward"):
+        assert run.sequences[graph][tp] == without.sequences[graph][tp], graph
+        assert len(without.sequences[graph][dp]) > len(run.sequences[graph][dp]), graph
+
+
+def test_the_memory_budget_holds_with_both_groups_buffers_counted(two_d):
+    """``bucketing="auto"`` with ``memory_budget`` in bytes: each graph's final peak, as the scheduler pass reports
+    it and as measured on the final order here, is at most the peak of a compile without the passes plus the
+    budget; the reported peak counts the tp group's buffers (it is the peak of the final order with them, and the
+    forward graph's peak is lower with the tp collectives' outputs sized 0: tp buffers are live at it);
+    the planner still merged dp collectives under the budget, and left the tp group's sequence as it was."""
+    run, without = two_d.runs["auto_budget"], two_d.runs["without"]
+    assert not [r.fallback for r in run.reports if r.fallback]
+    scheduler = {"fwd" in r.graph and "forward" or "backward": r for r in run.reports if r.pass_name == "scheduler"}
+    assert set(scheduler) == set(run.peak_bytes) == {"forward", "backward"}
+    for graph, report in scheduler.items():
+        assert report.budget.memory_budget_bytes == BUDGET_BYTES
+        limit = without.peak_bytes[graph] + BUDGET_BYTES
+        assert report.peak_memory_bytes_after == run.peak_bytes[graph] <= limit, (graph, run.peak_bytes, limit)
+        assert run.sequences[graph][two_d.tp] == without.sequences[graph][two_d.tp], graph
+    assert run.peak_bytes["forward"] > run.peak_bytes_without_tp_buffers["forward"]
+    dp = two_d.dp
+    assert sum(len(s[dp]) for s in run.sequences.values()) < sum(len(s[dp]) for s in without.sequences.values())
 
 
 def test_pipeline_stages_of_the_sequence_parallel_lm():
