@@ -44,6 +44,7 @@ __all__ = [
     "SequenceParallelLM",
     "build_sequence_parallel_lm",
     "sequence_parallel_plan",
+    "sequence_parallel_lm_stage",
     "llama_tensor_parallel_plan",
 ]
 
@@ -397,7 +398,11 @@ class SequenceParallelLM(nn.Module):
     """Token ids ``(batch, seq)`` -> logits ``(batch, seq, vocab)``: an embedding, pre-norm feed-forward blocks
     (``norm``, ``ffn.w1``, ``ffn.w2``, biases included), a final norm and an output projection with a bias.
     Plain modules: :func:`sequence_parallel_plan` is the ``parallelize_module`` plan that makes it tensor and
-    sequence parallel."""
+    sequence parallel.
+
+    A pipeline stage is this model with parts removed (torchtitan's way): ``embed``, ``norm`` or ``output`` set
+    to ``None`` is skipped (a later stage takes the previous stage's activations, an earlier one returns them),
+    and ``layers`` may hold any run of the blocks (:func:`sequence_parallel_lm_stage`)."""
 
     def __init__(self, vocab: int, dim: int, hidden: int, n_layers: int) -> None:
         super().__init__()
@@ -407,10 +412,12 @@ class SequenceParallelLM(nn.Module):
         self.output = nn.Linear(dim, vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
+        x = self.embed(tokens) if self.embed is not None else tokens
         for layer in self.layers:
             x = layer(x)
-        return self.output(self.norm(x))
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.output(x) if self.output is not None else x
 
 
 def build_sequence_parallel_lm(vocab: int = 22, dim: int = 16, hidden: int = 24, n_layers: int = 1,
@@ -425,12 +432,32 @@ def build_sequence_parallel_lm(vocab: int = 22, dim: int = 16, hidden: int = 24,
     return model
 
 
-def sequence_parallel_plan(model: SequenceParallelLM) -> dict[str, Any]:
+def sequence_parallel_lm_stage(model: SequenceParallelLM, stage: int, n_stages: int) -> SequenceParallelLM:
+    """Pipeline stage ``stage`` of ``n_stages`` of ``model``, in place: its share of the blocks (``n_layers /
+    n_stages`` consecutive ones, renumbered from 0), the embedding on the first stage only, the final norm and
+    the output on the last only."""
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"sequence_parallel_lm_stage: stage={stage}; expected 0 <= stage < n_stages={n_stages}")
+    if len(model.layers) % n_stages:
+        raise ValueError(f"sequence_parallel_lm_stage: n_stages={n_stages} does not divide the model's "
+                         f"{len(model.layers)} layers")
+    per = len(model.layers) // n_stages
+    model.layers = nn.ModuleList(model.layers[stage * per:(stage + 1) * per])
+    if stage > 0:
+        model.embed = None
+    if stage < n_stages - 1:
+        model.norm = model.output = None
+    return model
+
+
+def sequence_parallel_plan(model: SequenceParallelLM, loss_parallel: bool = False) -> dict[str, Any]:
     """The ``parallelize_module`` plan of :class:`SequenceParallelLM` (torchtitan's layout for Llama):
     the embedding ``RowwiseParallel`` into a sequence-sharded residual stream, norms ``SequenceParallel``, each
     feed-forward's input all-gathered by ``PrepareModuleInput``, ``w1`` ``ColwiseParallel``, ``w2``
     ``RowwiseParallel`` reduce-scattered back to sequence shards, the output ``ColwiseParallel`` gathered to
-    replicated logits.  The sequence length must divide by the tensor-parallel size."""
+    replicated logits, or with ``loss_parallel`` left as a DTensor sharded over the vocabulary (for torch's
+    ``loss_parallel()`` cross entropy).  Parts a pipeline stage removed (``None``) are left out.  The sequence
+    length must divide by the tensor-parallel size."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -439,10 +466,14 @@ def sequence_parallel_plan(model: SequenceParallelLM) -> dict[str, Any]:
         SequenceParallel,
     )
 
+    output = (ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False)
+              if loss_parallel else ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()))
     plan: dict[str, Any] = {
-        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
-        "norm": SequenceParallel(),
-        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        name: style for name, style in (
+            ("embed", RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))),
+            ("norm", SequenceParallel()),
+            ("output", output),
+        ) if getattr(model, name) is not None
     }
     for i in range(len(model.layers)):
         plan.update({

@@ -235,3 +235,22 @@ def test_the_memory_budget_holds_with_both_groups_buffers_counted(two_d):
     assert run.peak_bytes["forward"] > run.peak_bytes_without_tp_buffers["forward"]
     dp = two_d.dp
     assert sum(len(s[dp]) for s in run.sequences.values()) < sum(len(s[dp]) for s in without.sequences.values())
+
+
+def test_pipeline_stages_of_the_sequence_parallel_lm():
+    from fsdp_passes.testing.models import sequence_parallel_lm_stage
+
+    full = build_sequence_parallel_lm(n_layers=4)
+    first = sequence_parallel_lm_stage(build_sequence_parallel_lm(n_layers=4), 0, 2)
+    last = sequence_parallel_lm_stage(build_sequence_parallel_lm(n_layers=4), 1, 2)
+    assert first.norm is None and first.output is None and last.embed is None and len(last.layers) == 2
+    # the stages' plans name only what each stage holds
+    first_plan, last_plan = set(sequence_parallel_plan(first)), set(sequence_parallel_plan(last))
+    assert {"embed", "layers.1.ffn.w2"} <= first_plan and not {"norm", "output"} & first_plan
+    assert {"norm", "output", "layers.1.ffn.w2"} <= last_plan and "embed" not in last_plan
+    tokens = torch.randint(0, 22, (2, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(last(first(tokens)), full(tokens))
+    with pytest.raises(ValueError, match="stage=2; expected 0 <= stage < n_stages=2"):
+        sequence_parallel_lm_stage(build_sequence_parallel_lm(n_layers=4), 2, 2)
+    with pytest.raises(ValueError, match="n_stages=3 does not divide the model's 4 layers"):
+        sequence_parallel_lm_stage(build_sequence_parallel_lm(n_layers=4), 0, 3)
