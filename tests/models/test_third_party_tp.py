@@ -32,7 +32,8 @@ def _sequences(mesh, options) -> tuple[dict, list]:
     tokens = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
     fsdp_passes.last_reports(clear=True)
     captures = capture_scheduler_nodes(_torchtitan_tp_lm(mesh), tokens, options=options)
-    reports = fsdp_passes.last_reports()
+    fallbacks = [r.fallback for r in fsdp_passes.last_reports() if r.fallback]
+    n_reports = len(fsdp_passes.last_reports())
     torch._dynamo.reset()
     out: dict[str, dict[str, list[str]]] = {}
     for capture in captures:
@@ -44,11 +45,13 @@ def _sequences(mesh, options) -> tuple[dict, list]:
                 per_group.setdefault(node.group_name, []).append(
                     f"{node.collective.value} {node.comm_bytes} {node.dtype}")
         out[capture.graph_name] = per_group
-    return out, reports
+    return out, [n_reports, fallbacks]
 
 
-@pytest.fixture(scope="module")
-def torchtitan_tp_runs():
+def _compile_both() -> tuple:
+    """In a fresh process (spawned): in the full suite, after other test files in the same worker, Dynamo's trace
+    of this model saw the final norm's gathered weight at twice its size (32 for normalized_shape 16; not
+    reproduced with this file alone): state left in the process by earlier process groups and compiles."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -63,10 +66,19 @@ def torchtitan_tp_runs():
     return dp, tp, without, with_passes, reports
 
 
+@pytest.fixture(scope="module")
+def torchtitan_tp_runs():
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(_compile_both).result(timeout=600)
+
+
 def test_torchtitan_simple_fsdp_with_tp_keeps_tp_collectives_and_merges_dp_ones(torchtitan_tp_runs):
-    dp, tp, without, with_passes, reports = torchtitan_tp_runs
+    dp, tp, without, with_passes, (n_reports, fallbacks) = torchtitan_tp_runs
     assert set(without) == set(with_passes) == {"forward", "backward"}
-    assert reports and not [r.fallback for r in reports if r.fallback]
+    assert n_reports and not fallbacks
     for graph in ("forward", "backward"):
         # the compile without the passes has both groups: the frontend really gathers over dp and TP talks on tp
         assert without[graph].get(tp) and without[graph].get(dp), (graph, sorted(without[graph]))
