@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import time
 from typing import Any, Callable, Iterator
 
 import torch
@@ -117,8 +118,6 @@ class OverlapSchedulingPass:
         self.on_time = on_time
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        import time
-
         from torch._inductor.fx_passes.overlap_scheduling import schedule_overlap_bucketing_from_inductor_configs
 
         t = time.perf_counter()
@@ -160,8 +159,6 @@ class ManualOverlapPass:
         self.on_time = on_time
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        import time
-
         from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing
 
         t = time.perf_counter()
@@ -174,6 +171,12 @@ class ManualOverlapPass:
 
     def uuid(self) -> bytes:
         return hashlib.sha256(repr(("manual_overlap", self.plan)).encode()).digest()
+
+
+def llama_block_plan(layers: int) -> list:
+    """torchtitan's ``transformer_block_bucketing`` plan for a Llama: the embeddings, each block, the final norm
+    with the output projection."""
+    return ["tok_embeddings", *[f"layers.{i}" for i in range(layers)], ["norm", "output"]]
 
 
 def as_custom_graph_pass(p: Any) -> Any:

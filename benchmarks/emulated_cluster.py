@@ -587,8 +587,9 @@ class _Workload:
             self.describe = (f"Llama, {n} layers, dim {args.dim}, {args.heads} heads ({args.kv_heads} kv), "
                              f"feed-forward {args.hidden}, vocab {args.vocab}, {args.seq} tokens per sequence")
             self.ours_plan = ["tok_embeddings", f"layers.[0-{n - 1}]", ["norm", "output"]]
-            # torchtitan's transformer_block_bucketing plan for Llama: embeddings, each block, norm with output
-            self.inductor_plan = ["tok_embeddings", *[f"layers.{i}" for i in range(n)], ["norm", "output"]]
+            from _inductor_peers import llama_block_plan  # this script's folder (sys.path), torch on import
+
+            self.inductor_plan = llama_block_plan(n)
             self.probe_batch, self.batch_multiple = 8, 1  # sequences
 
     def build(self, fsdp: bool = True, **fsdp_options: Any) -> Any:

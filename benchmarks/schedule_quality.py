@@ -82,10 +82,6 @@ def _timed_attr(module: Any, name: str, recorder: C.Recorder) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def _block_plan(layers: int) -> list:
-    return ["tok_embeddings", *[f"layers.{i}" for i in range(layers)], ["norm", "output"]]
-
-
 # --------------------------------------------------------------------------------------------------
 # One configuration
 # --------------------------------------------------------------------------------------------------
@@ -132,7 +128,7 @@ def run_config(key: str, model: torch.nn.Module, args: tuple, cluster: str, laye
                     f"the {prof.name} profile; collectives priced by our cost model")
         elif key == "d":
             patches["post_grad_custom_post_pass"] = peers.as_custom_graph_pass(
-                peers.ManualOverlapPass(_block_plan(layers), on_time=rec.add_fx_time))
+                peers.ManualOverlapPass(peers.llama_block_plan(layers), on_time=rec.add_fx_time))
             note = "torch._inductor manual_overlap_bucketing, plan = tok_embeddings, layers.<i> each, [norm, output]"
         elif key in ("e", "f", "g"):
             ours = True
