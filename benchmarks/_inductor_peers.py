@@ -25,6 +25,9 @@ import time
 from typing import Any, Callable, Iterator
 
 import torch
+# Registers the bucketing:: ops Inductor's bucketed graphs call: a graph loaded from the FX cache calls them
+# without the pass (whose module defines them) having been imported in this process.
+import torch._inductor.fx_passes.bucketing  # noqa: F401
 
 OVERLAP_SCHEDULING_NOTE = (
     "torchtitan graph_trainer auto_bucketing, Inductor backend: OverlapScheduler as post_grad_custom_post_pass, "

@@ -109,6 +109,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated subset of {','.join(ALL_CONFIGS)} (default: all but inductor_overlap "
                         "and inductor_manual)")
+    p.add_argument("--kernel-profile", action="store_true",
+                   help="compile with Inductor's cpp.enable_kernel_profile, so the profiled steps' time breakdown "
+                        "names each generated kernel (it adds a profiler range per kernel call to every "
+                        "compiled configuration)")
     p.add_argument("--memory-budget", default="100%",
                    help="fsdp_passes memory_budget (default 100%%: one layer's parameters prefetched)")
     p.add_argument("--smoke", action="store_true",
@@ -395,9 +399,23 @@ def summarize(args: argparse.Namespace, ranks: list[dict]) -> dict:
                 targets[f"{ours_name}_vs_best_inductor"] = {
                     "what": f"{ours_name} <= {limit:.2f} x the fastest Inductor configuration ({best})"
                             f"{' when balanced' if balanced else ''}",
-                    "ratio": ratio, "limit": limit, "met": ratio <= limit}
+                    "ratio": ratio, "limit": limit, "met": ratio <= limit,
+                    **paired_ratios(configs[ours_name]["times_s"], configs[best]["times_s"])}
     summary["targets"] = targets
     return summary
+
+
+def paired_ratios(ours: list[float], reference: list[float]) -> dict:
+    """Step time ratios round by round (the i-th timed step of each ran in the same round, back to back, so a
+    slow spell of the host hits both): their median and quartiles, and in how many rounds ours was faster.
+    The ratio of the medians hides how much the two overlap; this says it."""
+    if len(ours) != len(reference) or not ours:
+        raise ValueError(f"paired_ratios: need equally many rounds, got {len(ours)} and {len(reference)}")
+    ratios = [a / b for a, b in zip(ours, reference)]
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"paired_ratio_median": statistics.median(ratios), "paired_ratio_p25": quartiles[0],
+            "paired_ratio_p75": quartiles[2], "rounds_ours_faster": sum(r < 1 for r in ratios),
+            "rounds": len(ratios)}
 
 
 def _combine_profiled(per_rank: list[dict]) -> dict:
@@ -433,6 +451,17 @@ def print_table(s: dict) -> None:
                             f"{prof['step_peak_bytes'] / 2**20:.1f}") if prof else ("-", "-", "-"))
         print(f"{name:<22}{c['median_s']:>9.3f}{c['min_s']:>8.3f}{c['max_s']:>8.3f}{c['max_over_median']:>8.2f}"
               f"{bwd:>7}{wait:>11}{peak:>9}  {l0:>15}  {l1:>15}")
+    profiled = {n: c["profiled_step"]["per_rank"] for n, c in s["configs"].items() if c.get("profiled_step")}
+    if profiled:
+        categories = list(next(iter(profiled.values()))[0]["self_ms_by_category"])
+        print("where the profiled step went, ms (the stepping thread's self time by op, median of the profiled "
+              "steps; rank 0 / rank 1)")
+        print(f"{'configuration':<22}{'step':>15}" + "".join(f"{c:>23}" for c in categories))
+        for name, ranks in profiled.items():
+            step = " / ".join(f"{1e3 * r['step_s']:.0f}" for r in ranks)
+            cells = "".join(format(" / ".join(f"{r['self_ms_by_category'][c]:.0f}" for r in ranks), ">23")
+                            for c in categories)
+            print(f"{name:<22}{step:>15}{cells}")
     if "bound_s" in s:
         print(f"{'bound max(compute, comm)':<27}{s['bound_s']:.3f} s (compute / comm {s['compute_over_comm']:.2f})")
     for name, r in s.get("peak_memory_vs_fsdp2_eager", {}).items():
@@ -441,7 +470,10 @@ def print_table(s: dict) -> None:
     print(f"losses equal across configurations: {s['losses_equal']} (bitwise: {s['losses_bitwise_equal']}, "
           f"max relative difference {s['loss_max_rel_diff']:.2e})")
     for t in s["targets"].values():
-        print(f"  {'MET   ' if t['met'] else 'MISSED'} {t['what']}: ratio {t['ratio']:.3f} (limit {t['limit']})")
+        paired = (f"; round by round {t['paired_ratio_median']:.3f} ({t['paired_ratio_p25']:.3f}-"
+                  f"{t['paired_ratio_p75']:.3f}), faster in {t['rounds_ours_faster']} of {t['rounds']}"
+                  if "paired_ratio_median" in t else "")
+        print(f"  {'MET   ' if t['met'] else 'MISSED'} {t['what']}: ratio {t['ratio']:.3f} (limit {t['limit']}){paired}")
 
 
 # ==================================================================================================
@@ -450,7 +482,7 @@ def print_table(s: dict) -> None:
 
 def rank_main(args: argparse.Namespace) -> int:
     return rank_entry(args, ("model", "layers", "dim", "hidden", "heads", "kv_heads", "vocab", "seq", "batch",
-                             "balanced", "compute_over_comm", "steps", "warmup", "profiled_steps",
+                             "balanced", "compute_over_comm", "steps", "warmup", "profiled_steps", "kernel_profile",
                              "memory_budget", "rate", "reshard", "config_list"), _benchmark)
 
 
@@ -633,6 +665,8 @@ def _benchmark(args: argparse.Namespace, rank: int) -> dict:
 
     world = dist.get_world_size()
     work = _Workload(args)
+    if args.kernel_profile:
+        inductor_config.cpp.enable_kernel_profile = True  # every configuration alike, before any compile
 
     balance_probe = None
     if args.balanced:
@@ -865,11 +899,49 @@ def _profile_waits(step: Callable[[], Any]) -> dict:
                 waits[label] += (e.end_ns() - e.start_ns()) / 1e9
                 each_wait_ms[label].append(round((e.end_ns() - e.start_ns()) / 1e6, 3))
     bstart, bend = ranges[BACKWARD_RANGE]
+    fstart = ranges[FORWARD_RANGE][0]
     # None where the step has no functional waits (FSDP2 eager waits inside its hooks; compute_only never waits)
     seen = any(n in wait_names for n in WAIT_OPS)
     return {"backward_s": (bend - bstart) / 1e9, "backward_wait_s": waits[BACKWARD_RANGE] if seen else None,
             "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names,
-            "forward_waits_ms": each_wait_ms[FORWARD_RANGE], "backward_waits_ms": each_wait_ms[BACKWARD_RANGE]}
+            "forward_waits_ms": each_wait_ms[FORWARD_RANGE], "backward_waits_ms": each_wait_ms[BACKWARD_RANGE],
+            "step_s": (bend - fstart) / 1e9, **_main_thread_breakdown(prof)}
+
+
+#: where the stepping thread's time goes, by the op an event's self time belongs to (first match wins)
+TIME_CATEGORIES = (
+    ("collective_wait", lambda n: n in WAIT_OPS),
+    ("collective_issue", lambda n: n.startswith(("_c10d_functional::", "c10d::", "c10d_functional::"))),
+    ("bucket_copy_ours", lambda n: n.startswith("fsdp_passes::")),
+    ("bucket_copy_inductor", lambda n: n.startswith("bucketing::")),
+    ("matmul", lambda n: n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+                               "aten::linear") or "scaled_dot_product" in n),
+    ("generated_kernel", lambda n: "cpp_fused" in n),  # graph_<id>_cpp_fused_..., with --kernel-profile
+)
+
+
+def _main_thread_breakdown(prof: Any, top: int = 60) -> dict:
+    """The stepping thread's time from forward's start to backward's end split by the op it was spent in (each
+    event's self time: its duration less its children's), summed per category of ``TIME_CATEGORIES``
+    ("other": Python, dispatch, autograd and, without ``--kernel-profile``, the generated kernels, which then
+    record no range of their own), and the ``top`` names by self time."""
+    every = list(prof.events())
+    main = next(e.thread for e in every if e.name == FORWARD_RANGE)  # the profiler's id, not the OS thread's
+    events = [e for e in every if e.thread == main]
+    ranges = {e.name: e.time_range for e in events if e.name in (FORWARD_RANGE, BACKWARD_RANGE)}
+    start, end = ranges[FORWARD_RANGE].start, ranges[BACKWARD_RANGE].end
+    by_name: dict[str, float] = {}
+    for e in events:
+        if e.name in ranges or not (start <= e.time_range.start and e.time_range.end <= end):
+            continue
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.self_cpu_time_total / 1e3
+    by_category = {name: 0.0 for name, _ in TIME_CATEGORIES} | {"other": 0.0}
+    for name, ms in by_name.items():
+        category = next((c for c, match in TIME_CATEGORIES if match(name)), "other")
+        by_category[category] += ms
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {"self_ms_by_category": {k: round(v, 3) for k, v in by_category.items()},
+            "self_ms_top": {k: round(v, 3) for k, v in ranked}}
 
 
 def _median_waits(samples: list[dict]) -> dict:
@@ -878,6 +950,9 @@ def _median_waits(samples: list[dict]) -> dict:
     for key in ("backward_s", "backward_wait_s", "forward_wait_s"):
         values = [s[key] for s in samples]
         out[key] = None if None in values else statistics.median(values)
+    out["step_s"] = statistics.median(s["step_s"] for s in samples)
+    out["self_ms_by_category"] = {k: statistics.median(s["self_ms_by_category"][k] for s in samples)
+                                  for k in samples[0]["self_ms_by_category"]}
     return out
 
 

@@ -47,7 +47,8 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
     t0 = time.monotonic()
     configs = ["fsdp2_eager", "inductor_overlap", "inductor_manual", "fsdp_passes"]
     proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--model", "llama", "--configs", ",".join(configs),
-                           "--out", str(out), "--prefix", prefix], capture_output=True, text=True, timeout=600)
+                           "--kernel-profile", "--out", str(out), "--prefix", prefix],
+                          capture_output=True, text=True, timeout=600)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -82,6 +83,18 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
     assert waits("inductor_manual") <= 3 * len(plan), waits("inductor_manual")
     assert waits("inductor_overlap") < (21 + 20 + 21) // 2, waits("inductor_overlap")
     assert {t for t in data["targets"] if t.endswith("_vs_best_inductor")} == {"fsdp_passes_vs_best_inductor"}
+    # where each compiled step's time went: the profiler's self times on the stepping thread, by op
+    for name in ("inductor_overlap", "inductor_manual", "fsdp_passes"):
+        for sample in data["configs"][name]["profiled_step"]["per_rank"][0]["samples"]:
+            cat = sample["self_ms_by_category"]
+            waited_ms = 1e3 * (sample["forward_wait_s"] + sample["backward_wait_s"])  # from the events' spans
+            assert abs(cat["collective_wait"] - waited_ms) <= 0.02 * waited_ms + 0.05, (name, cat, waited_ms)
+            assert sum(cat.values()) <= 1e3 * sample["step_s"] * 1.001, (name, cat, sample["step_s"])
+            assert cat["matmul"] > 0 and cat["generated_kernel"] > 0, (name, cat)  # --kernel-profile names kernels
+            # each planner's bucket copies are its own ops: ours fsdp_passes::*, the manual pass's bucketing::*
+            # (the OverlapScheduler's buckets copy in generated kernels)
+            assert (cat["bucket_copy_ours"] > 0) == (name == "fsdp_passes"), (name, cat)
+            assert (cat["bucket_copy_inductor"] > 0) == (name == "inductor_manual"), (name, cat)
     assert _namespaces(prefix) == []
     print(f"smoke run took {elapsed:.1f} s")
 
@@ -146,3 +159,17 @@ def test_refuses_in_one_line_without_tools(tmp_path, script):
     lines = (proc.stdout + proc.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"{script[:-3]}: needs "), lines
     assert not (tmp_path / "x.json").exists()
+
+
+def test_paired_ratios_pair_steps_of_the_same_round():
+    mod = _load_script()
+    # a slow spell in rounds 2 and 3 slows both: round by round ours is 0.9x in every round, while the ratio of
+    # the medians (1.05 / 1.0) says slower
+    ours = [0.9, 0.9, 1.8, 1.8, 1.2]
+    reference = [1.0, 1.0, 2.0, 2.0, 1.333333333]
+    r = mod.paired_ratios(ours, reference)
+    assert r["rounds_ours_faster"] == 5 and r["rounds"] == 5
+    assert abs(r["paired_ratio_median"] - 0.9) < 1e-6
+    assert mod.statistics.median(ours) / mod.statistics.median(reference) > 0.9
+    with pytest.raises(ValueError, match="equally many rounds"):
+        mod.paired_ratios([1.0], [1.0, 2.0])
