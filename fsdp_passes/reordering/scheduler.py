@@ -11,7 +11,9 @@ The *frontier* is the lowest-numbered compute node not yet scheduled.  Every ste
 1. due collectives (ids below the frontier's: the original order issued them before it) are issued now, unconditionally
    (FSDP ones after freeing a ``max_prefetch`` slot if needed);
 2. waits whose collective has finished in simulated time and whose running frees memory (or that nothing
-   consumes) are placed, without blocking; this is what releases reduce-scatter inputs;
+   consumes) are placed, without blocking; this is what releases reduce-scatter inputs.  An all-gather's
+   wait that something consumes is not: it stays where its first consumer needs it (step 5), so a transfer
+   that runs later than predicted blocks only the compute that needs its result;
 3. a compute node is chosen: the frontier if nothing it needs is still in flight; otherwise the
    lowest-numbered compute node whose inputs are all available now and that ends before the frontier's
    collectives do (it fills the gap without delaying the frontier), if the memory limit allows pulling it
@@ -48,6 +50,7 @@ from ..simulate.memory import MemoryModel, MemoryTracker
 from ..simulate.timeline import OverlapCosts, StreamClock
 from .async_tracker import AsyncTracker
 from .headroom import HeadroomTree
+from ..dag.graph import CollectiveOp
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
 
 #: how many ready compute nodes are tried, per step, when pulling one ahead of a blocked frontier
@@ -534,6 +537,11 @@ class ListScheduler:
     def _release(self, w: int, idle: bool = False) -> None:
         """Place finished wait ``w`` if that frees memory, if nothing consumes it, or (``idle``) if its own
         duration runs in time the compute stream would otherwise spend blocked."""
+        structure = self.structure
+        if structure.succs[w] and not idle and structure.coll_op[structure.coll_of[w]] is CollectiveOp.ALL_GATHER:
+            # a gathered block is placed before its first consumer: placed at its predicted finish, any
+            # transfer later than predicted would block compute that does not need it
+            return
         freed = self.memory.frees_if_run(w)
         if freed > 0 or idle or not self.structure.succs[w]:
             self._place_deps(w, "needed by")

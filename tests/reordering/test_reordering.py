@@ -686,3 +686,26 @@ def test_hundred_thousand_nodes_plan_in_seconds():
     print(f"{len(dag)} nodes planned in {elapsed:.2f} s (passes {res.passes}); exposed "
           f"{res.before.exposed_ms:.1f} -> {res.after.exposed_ms:.1f} ms, makespan {res.before.makespan_ms:.1f} -> "
           f"{res.after.makespan_ms:.1f} ms, moved {res.moved}")
+
+
+def test_a_gathered_blocks_wait_stays_at_its_first_consumer_not_at_its_predicted_finish():
+    # per block a copy-in kernel feeds the gather (its buffer is freed when the gather's wait runs); the
+    # gather of block i+1 is prefetched during block i and finishes (2 ms) well before block i ends (6 ms)
+    b = Builder()
+    x = b.input("x")
+    for i in range(3):
+        copy_in = b.compute(f"copy_in{i}", 0.01, out=50)
+        a = b.coll(f"ag{i}", 2.0, copy_in, out=100)
+        w = b.wait(f"ag{i}_wait", a)
+        x = b.compute(f"mm{i}a", 3.0, x, w, out=10, output=True)
+        x = b.compute(f"mm{i}b", 3.0, x, w, out=10, output=True)
+    dag = b.dag()
+    res = plan_order(dag, b.durations, memory_budget_bytes=1000)
+    check_plan(dag, b.durations, res, 1000)
+    order = names(dag, res.order)
+    for i in (1, 2):
+        assert order.index(f"ag{i}") < order.index(f"mm{i - 1}a"), order  # prefetched a block ahead
+        # right before the block that needs it, not inside the block before (where freeing the 50 B copy-in
+        # buffer would have put it): a transfer later than predicted must not block compute that does not
+        # need it
+        assert order.index(f"ag{i}_wait") == order.index(f"mm{i}a") - 1, order
