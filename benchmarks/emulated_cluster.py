@@ -900,12 +900,17 @@ def _profile_waits(step: Callable[[], Any]) -> dict:
                 each_wait_ms[label].append(round((e.end_ns() - e.start_ns()) / 1e6, 3))
     bstart, bend = ranges[BACKWARD_RANGE]
     fstart = ranges[FORWARD_RANGE][0]
+    # every functional collective and wait the step ran, in order: [op, start ms, end ms] from forward's start
+    timeline = [[e.name().split("::")[-1], round((e.start_ns() - fstart) / 1e6, 3),
+                 round((e.end_ns() - fstart) / 1e6, 3)]
+                for e in sorted(events, key=lambda e: e.start_ns())
+                if e.name().startswith("_c10d_functional::") and fstart <= e.start_ns() <= bend]
     # None where the step has no functional waits (FSDP2 eager waits inside its hooks; compute_only never waits)
     seen = any(n in wait_names for n in WAIT_OPS)
     return {"backward_s": (bend - bstart) / 1e9, "backward_wait_s": waits[BACKWARD_RANGE] if seen else None,
             "forward_wait_s": waits[FORWARD_RANGE] if seen else None, "wait_events": wait_names,
             "forward_waits_ms": each_wait_ms[FORWARD_RANGE], "backward_waits_ms": each_wait_ms[BACKWARD_RANGE],
-            "step_s": (bend - fstart) / 1e9, **_main_thread_breakdown(prof)}
+            "step_s": (bend - fstart) / 1e9, "collective_timeline": timeline, **_main_thread_breakdown(prof)}
 
 
 #: where the stepping thread's time goes, by the op an event's self time belongs to (first match wins)

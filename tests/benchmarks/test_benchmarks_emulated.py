@@ -91,6 +91,12 @@ def test_smoke_run_writes_configurations_with_equal_losses(tmp_path):
             assert abs(cat["collective_wait"] - waited_ms) <= 0.02 * waited_ms + 0.05, (name, cat, waited_ms)
             assert sum(cat.values()) <= 1e3 * sample["step_s"] * 1.001, (name, cat, sample["step_s"])
             assert cat["matmul"] > 0 and cat["generated_kernel"] > 0, (name, cat)  # --kernel-profile names kernels
+            # the collective timeline: every wait counted above, in time order, inside the step
+            timeline = sample["collective_timeline"]
+            waits_in_timeline = [end - start for op, start, end in timeline if op == "wait_tensor"]
+            assert len(waits_in_timeline) == len(sample["forward_waits_ms"]) + len(sample["backward_waits_ms"])
+            assert [start for _, start, _ in timeline] == sorted(start for _, start, _ in timeline)
+            assert 0 <= timeline[0][1] and timeline[-1][2] <= 1e3 * sample["step_s"] + 1e-3, (name, timeline)
             # each planner's bucket copies are its own ops: ours fsdp_passes::*, the manual pass's bucketing::*
             # (the OverlapScheduler's buckets copy in generated kernels)
             assert (cat["bucket_copy_ours"] > 0) == (name == "fsdp_passes"), (name, cat)
