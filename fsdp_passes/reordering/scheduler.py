@@ -46,11 +46,11 @@ import bisect
 import heapq
 from typing import Optional
 
+from ..dag.graph import CollectiveOp
 from ..simulate.memory import MemoryModel, MemoryTracker
 from ..simulate.timeline import OverlapCosts, StreamClock
 from .async_tracker import AsyncTracker
 from .headroom import HeadroomTree
-from ..dag.graph import CollectiveOp
 from .structure import COLLECTIVE, COMPUTE, WAIT, Structure
 
 #: how many ready compute nodes are tried, per step, when pulling one ahead of a blocked frontier
@@ -536,14 +536,16 @@ class ListScheduler:
 
     def _release(self, w: int, idle: bool = False) -> None:
         """Place finished wait ``w`` if that frees memory, if nothing consumes it, or (``idle``) if its own
-        duration runs in time the compute stream would otherwise spend blocked."""
+        duration runs in time the compute stream would otherwise spend blocked; an all-gather's wait that
+        something consumes only in the last case."""
         structure = self.structure
-        if structure.succs[w] and not idle and structure.coll_op[structure.coll_of[w]] is CollectiveOp.ALL_GATHER:
-            # a gathered block is placed before its first consumer: placed at its predicted finish, any
-            # transfer later than predicted would block compute that does not need it
+        consumed = bool(structure.succs[w])
+        if consumed and not idle and structure.coll_op[structure.coll_of[w]] is CollectiveOp.ALL_GATHER:
+            # it stays before its first consumer: placed at its predicted finish, a transfer later than
+            # predicted would block compute that does not need it
             return
         freed = self.memory.frees_if_run(w)
-        if freed > 0 or idle or not self.structure.succs[w]:
+        if freed > 0 or idle or not consumed:
             self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
