@@ -11,7 +11,10 @@ all-gather.  The sequence becomes gather(i), gather(i-1), reduce-scatter(i), ...
 order nothing is issued earlier than before (the reductions are issued a little later, right after the
 gather), but the reductions' inputs now live while the gather's output does, so a run moves only when its
 payload fits in the memory budget left (``bucket_graph``); the reordering pass may then prefetch gather(i-1) under
-compute(i) when its memory budget allows, and issues reduce-scatter(i) right behind it.
+compute(i) when its memory budget allows, and issues reduce-scatter(i) right behind it.  A gather too small
+to stand for a block (under ``1 / SMALL_GATHER_RATIO`` of the run's payload: a final norm's weight beside
+the output projection's) is passed too: the run, with the reductions right after that gather, goes behind
+the next FSDP gather.
 
 It is a pure function of the graph and the budget (payload bytes only), so every rank makes the same change; an all-gather never passes another
 all-gather and reductions keep their order among themselves.  The ``collective_fingerprint`` in the dumps
@@ -27,6 +30,10 @@ from ..dag.graph import Dag
 
 #: a run of reductions is moved only with at most this many nodes (the reductions, waits, casts, views)
 MAX_MOVED = 64
+
+#: a gather with less than 1/this of a run's payload is no block to hide the run behind (a final norm's weight
+#: next to an output projection's): the run moves on past the next gather too
+SMALL_GATHER_RATIO = 8
 
 
 def _reduces(node) -> bool:
@@ -53,40 +60,69 @@ def _users_before(starts: list[fx.Node], stop: fx.Node, position: dict[fx.Node, 
     return sorted(found, key=position.__getitem__)
 
 
+def _fsdp_gather(node) -> bool:
+    return node.collective is not None and KINDS[node.collective].gathers and node.fsdp
+
+
 def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_bytes: int | None = None,
                                     moved_bytes: list[int] | None = None) -> int:
     """Move each run of reductions that precedes an FSDP all-gather in its group to just after the gather.
 
-    ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many all-gathers now go ahead of
-    reductions that used to precede them.
+    A gather carrying less than ``1 / SMALL_GATHER_RATIO`` of the run's payload does not count as the next
+    block: the run, with the reductions that follow that gather, moves on past the next FSDP gather (and so
+    on).  A final norm's 1 KiB gather between the output projection's 4 MiB reduction and the last block's
+    re-gather would otherwise leave that re-gather queued behind the reduction.
+
+    ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many runs moved ahead of a
+    gather.
 
     Memory: a moved run's inputs stay alive while the gather's output exists, at most the run's payload
     (its reductions' ``comm_bytes``).  Only runs whose payload is within ``max_moved_bytes`` move (None: all);
     the payload of each moved run is appended to ``moved_bytes``.  Both are payloads, the same on every rank.
     """
     position = {node: i for i, node in enumerate(graph.nodes)}
+    nodes_of = dag.nodes
     moved = 0
     for seq in dag.group_sequences().values():
-        for k in range(1, len(seq)):
-            gather = dag.nodes[seq[k]]
-            if gather.collective is None or not KINDS[gather.collective].gathers or not gather.fsdp:
+        current = list(seq)  # the group's sequence as moved so far
+        done: set[int] = set()  # reductions moved once already
+        k = 1
+        while k < len(current):
+            if not _fsdp_gather(nodes_of[current[k]]):
+                k += 1
                 continue
             first = k
-            while first > 0 and _reduces(dag.nodes[seq[first - 1]]):
+            while first > 0 and _reduces(nodes_of[current[first - 1]]) and current[first - 1] not in done:
                 first -= 1
             if first == k:
+                k += 1
                 continue
-            payload = sum(dag.nodes[i].comm_bytes for i in seq[first:k])
+            run = current[first:k]
+            payload = sum(nodes_of[i].comm_bytes for i in run)
             if max_moved_bytes is not None and payload > max_moved_bytes:
+                k += 1
                 continue
-            reductions = [dag.nodes[i].origin for i in seq[first:k]]
-            nodes = _users_before(reductions, gather.origin, position)
-            if nodes is None:
+            last = k  # the gather the run goes behind
+            while nodes_of[current[last]].comm_bytes * SMALL_GATHER_RATIO < payload:
+                nxt = last + 1
+                while nxt < len(current) and _reduces(nodes_of[current[nxt]]):
+                    nxt += 1
+                if nxt == len(current) or not _fsdp_gather(nodes_of[current[nxt]]):
+                    break
+                more = run + current[last + 1:nxt]
+                more_payload = sum(nodes_of[i].comm_bytes for i in more)
+                if max_moved_bytes is not None and more_payload > max_moved_bytes:
+                    break
+                run, payload, last = more, more_payload, nxt
+            passed = {nodes_of[i].origin for i in current[k:last + 1] if i not in run}
+            nodes = _users_before([nodes_of[i].origin for i in run], nodes_of[current[last]].origin, position)
+            if nodes is None or passed.intersection(nodes):
+                k += 1
                 continue
             # the nodes from the first moved one to the gather keep their positions as a set: renumber that span
-            low, high = position[nodes[0]], position[gather.origin]
+            low, high = position[nodes[0]], position[nodes_of[current[last]].origin]
             before_span = nodes[0].prev
-            anchor: fx.Node = gather.origin
+            anchor: fx.Node = nodes_of[current[last]].origin
             for node in nodes:
                 anchor.append(node)
                 anchor = node
@@ -97,6 +133,10 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
             for pos in range(low, high + 1):
                 position[node] = pos
                 node = node.next
+            kept = [i for i in current[first:last + 1] if i not in run]
+            current[first:last + 1] = kept + run
+            done.update(run)
+            k = first + len(kept) + len(run)
     return moved
 
 
@@ -144,4 +184,4 @@ def restore_order(order: list[fx.Node]) -> None:
         output.prepend(node)
 
 
-__all__ = ["issue_gathers_before_reductions", "renumbered", "restore_order", "MAX_MOVED"]
+__all__ = ["issue_gathers_before_reductions", "renumbered", "restore_order", "MAX_MOVED", "SMALL_GATHER_RATIO"]

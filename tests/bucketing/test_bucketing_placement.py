@@ -76,3 +76,40 @@ def test_placement_is_undone_when_over_the_memory_budget(backward_graph):
     result = bucket_graph(tight, Options(**PLAN, reorder=True, memory_budget=0))
     assert result.rewrite.gathers_ahead_of_reductions == 0
     assert [n.name for n in tight.graph.nodes] == [n.name for n in plain.graph.nodes]
+
+
+def test_a_small_gather_between_a_reduction_and_the_next_block_is_passed_too():
+    """A Llama's backward starts with the output projection (a vocab x dim weight), then the final norm (a dim
+    vector), then the last block.  Per-module buckets: the output's reduce-scatter must not stay between the
+    norm's tiny gather and the last block's re-gather, where that re-gather would queue behind it on the link.
+    The expected sequence is written from the parameter sizes, not read from the code under test."""
+    import torch._dynamo
+
+    from fsdp_passes.testing import build_llama, fake_process_group
+
+    dim, vocab, ffn = 64, 512, 128
+    with fake_process_group(world_size=4):
+        model = build_llama(n_layers=2, dim=dim, n_heads=4, n_kv_heads=2, ffn_dim=ffn, vocab=vocab, seq_len=16)
+        graphs = capture_fx_graphs(model, *example_inputs(model, batch=2))
+        backward = graphs.backward
+    torch._dynamo.reset()
+    plan = dict(bucketing="manual", bucket_plan=["tok_embeddings", "layers.[0-1]", "norm", "output"],
+                memory_budget="100%")
+    per_layer = 4 * (dim * dim + dim * dim // 2 * 2 + dim * dim + 3 * dim * ffn + 2 * dim)  # q, k+v, o, ffn, 2 norms
+    out_b, norm_b = 4 * vocab * dim, 4 * dim
+
+    def sequence(gm):
+        dag = dag_from_fx(gm)
+        ((_, seq),) = dag.group_sequences().items()
+        return [("AG" if dag[i].collective is CollectiveOp.ALL_GATHER else "RS", dag[i].comm_bytes) for i in seq]
+
+    plain = _copy(backward)
+    bucket_graph(plain, Options(**plan, reorder=False))
+    assert sequence(plain)[:5] == [("AG", out_b), ("RS", out_b), ("AG", norm_b), ("RS", norm_b),
+                                   ("AG", per_layer)]
+    placed = _copy(backward)
+    bucket_graph(placed, Options(**plan, reorder=True))
+    placed.graph.lint()
+    assert sequence(placed)[:7] == [("AG", out_b), ("AG", norm_b), ("AG", per_layer), ("RS", out_b),
+                                    ("RS", norm_b), ("AG", per_layer), ("RS", per_layer)]
+    assert sorted(sequence(placed)) == sorted(sequence(plain))
