@@ -10,16 +10,20 @@ from fsdp_passes.testing import build_mlp, capture_fx_graphs, example_inputs
 
 
 @pytest.fixture(scope="module")
-def backward_graph():
+def process_group():
     import torch._dynamo
 
     from fsdp_passes.testing import fake_process_group
 
     with fake_process_group(world_size=8):
-        model = build_mlp(n_layers=4, dim=64, reshard_after_forward=True)
-        graphs = capture_fx_graphs(model, *example_inputs(model, batch=16))
-        yield graphs.backward
+        yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def backward_graph(process_group):
+    model = build_mlp(n_layers=4, dim=64, reshard_after_forward=True)
+    return capture_fx_graphs(model, *example_inputs(model, batch=16)).backward
 
 
 def _sequence(gm):
@@ -78,21 +82,16 @@ def test_placement_is_undone_when_over_the_memory_budget(backward_graph):
     assert [n.name for n in tight.graph.nodes] == [n.name for n in plain.graph.nodes]
 
 
-def test_a_small_gather_between_a_reduction_and_the_next_block_is_passed_too():
+def test_a_small_gather_between_a_reduction_and_the_next_block_is_passed_too(process_group):
     """A Llama's backward starts with the output projection (a vocab x dim weight), then the final norm (a dim
     vector), then the last block.  Per-module buckets: the output's reduce-scatter must not stay between the
     norm's tiny gather and the last block's re-gather, where that re-gather would queue behind it on the link.
     The expected sequence is written from the parameter sizes, not read from the code under test."""
-    import torch._dynamo
-
-    from fsdp_passes.testing import build_llama, fake_process_group
+    from fsdp_passes.testing import build_llama
 
     dim, vocab, ffn = 64, 512, 128
-    with fake_process_group(world_size=4):
-        model = build_llama(n_layers=2, dim=dim, n_heads=4, n_kv_heads=2, ffn_dim=ffn, vocab=vocab, seq_len=16)
-        graphs = capture_fx_graphs(model, *example_inputs(model, batch=2))
-        backward = graphs.backward
-    torch._dynamo.reset()
+    model = build_llama(n_layers=2, dim=dim, n_heads=4, n_kv_heads=2, ffn_dim=ffn, vocab=vocab, seq_len=16)
+    backward = capture_fx_graphs(model, *example_inputs(model, batch=2)).backward
     plan = dict(bucketing="manual", bucket_plan=["tok_embeddings", "layers.[0-1]", "norm", "output"],
                 memory_budget="100%")
     per_layer = 4 * (dim * dim + dim * dim // 2 * 2 + dim * dim + 3 * dim * ffn + 2 * dim)  # q, k+v, o, ffn, 2 norms
