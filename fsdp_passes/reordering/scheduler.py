@@ -119,6 +119,9 @@ class ListScheduler:
         self.blocked: list[tuple[float, int]] = []  # available compute, (release, id)
         self.finishing: list[tuple[float, int]] = []  # pending waits by (collective end, id)
         self.slow: list[tuple[float, int]] = []  # finished pending waits that take compute time
+        # FSDP reductions' waits held until the next block's reduction is issued: that one's id -> the waits
+        self.held_for_next: dict[int, list[int]] = {}
+        self.released_by_next = bytearray(n)
         self.filling = False
         self.overdue_heap: list[int] = []  # pending waits by id
         self.overdue: list[int] = []  # pending waits past their original position (and some placed since)
@@ -212,6 +215,12 @@ class ListScheduler:
                 raise InternalError(f"{structure.names[i]} would change the collective order of group {g!r}")
             self.in_flight.issue(i)
             self.next_seq_pos[g] += 1
+            held = self.held_for_next.pop(i, None)
+            if held:
+                for w in held:
+                    if not self.scheduled[w]:
+                        self.released_by_next[w] = 1
+                        heapq.heappush(self.finishing, (self.clock.end[structure.coll_of[w]], w))
         elif kind == WAIT:
             c = structure.coll_of[i]
             end = self.clock.end[c]
@@ -540,16 +549,26 @@ class ListScheduler:
         something consumes only in the last case."""
         structure = self.structure
         consumed = bool(structure.succs[w])
-        if consumed and not idle and structure.coll_op[structure.coll_of[w]] is CollectiveOp.ALL_GATHER:
+        c = structure.coll_of[w]
+        if consumed and not idle and structure.coll_op[c] is CollectiveOp.ALL_GATHER:
             # it stays before its first consumer: placed at its predicted finish, a transfer later than
             # predicted would block compute that does not need it
+            return
+        nxt = structure.next_block_reduction[c]
+        if nxt >= 0 and not idle and not self.released_by_next[w] and not self.scheduled[nxt] and self.tree is not None:
+            # an FSDP reduction's wait waits for the next block's reduction to be issued (a block of slack, as
+            # FSDP2 waits on reduce-scatter i when it issues i-1): placed at the predicted finish, a transfer
+            # slower than predicted blocks compute; the memory limit still places it earlier (overdue waits)
+            self.held_for_next.setdefault(nxt, []).append(w)
             return
         freed = self.memory.frees_if_run(w)
         if freed > 0 or idle or not consumed:
             self._place_deps(w, "needed by")
             self._place(w)
             if not self.why[w]:
-                if freed:
+                if freed and self.released_by_next[w]:
+                    self.why[w] = f"once the next block's reduction was issued (its collective finished): frees {freed} B"
+                elif freed:
                     self.why[w] = f"when its collective finished: frees {freed} B"
                 elif idle:
                     self.why[w] = "when its collective finished: runs while the compute stream would block"

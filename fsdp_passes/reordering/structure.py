@@ -36,7 +36,7 @@ class Structure:
     preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out (the
     DAG's own lists where nothing is added: read only).
     group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
-    collective in its group's sequence.
+    collective in its group's sequence.  next_block_reduction: for an FSDP-like reduction, the group's first after its next gather.
     fsdp / fence: FSDP-like collectives (may be prefetched) and those of a kind not ``movable``
     (``CollectiveOp.OTHER``: never moved, no collective is moved across them).
     computes / collectives / fences: ids of each class, ascending.
@@ -105,6 +105,21 @@ class Structure:
                     if kind[v] == COMPUTE and (use < 0 or v < use):
                         use = v
             self.first_use[i] = use
+
+        #: per FSDP-like reduction: the group's first FSDP-like reduction after its next FSDP-like gather (the
+        #: next block's; -1: none), in the group's sequence
+        self.next_block_reduction = [-1] * n
+        for s in self.seq.values():
+            reduction = after_gather = -1  # scanning backwards: the latest reduction seen, and that of a block after
+            for c in reversed(s):
+                op = self.coll_op[c]
+                if not self.fsdp[c] or op is None:
+                    continue
+                if KINDS[op].gathers:
+                    after_gather = reduction
+                elif KINDS[op].reduces:
+                    self.next_block_reduction[c] = after_gather
+                    reduction = c
 
         self.computes = [i for i in range(n) if kind[i] == COMPUTE]
         self.collectives = collectives
