@@ -12,8 +12,8 @@ order nothing is issued earlier than before (the reductions are issued a little 
 gather), but the reductions' inputs now live while the gather's output does, so a run moves only when its
 payload fits in the memory budget left (``bucket_graph``); the reordering pass may then prefetch gather(i-1) under
 compute(i) when its memory budget allows, and issues reduce-scatter(i) right behind it.  A gather too small
-to stand for a block (under ``1 / SMALL_GATHER_RATIO`` of the run's payload: a final norm's weight beside
-the output projection's) is passed too: the run, with the reductions right after that gather, goes behind
+to stand for a block (under ``1 / SMALL_GATHER_RATIO`` of the next gather's payload: a final norm's weight
+before the last block's) is passed too: the run, with the reductions right after that gather, goes behind
 the next FSDP gather.
 
 It is a pure function of the graph and the budget (payload bytes only), so every rank makes the same change; an all-gather never passes another
@@ -31,8 +31,8 @@ from ..dag.graph import Dag
 #: a run of reductions is moved only with at most this many nodes (the reductions, waits, casts, views)
 MAX_MOVED = 64
 
-#: a gather with less than 1/this of a run's payload is no block to hide the run behind (a final norm's weight
-#: next to an output projection's): the run moves on past the next gather too
+#: a gather with less than 1/this of the next gather's payload is no block to hide a run of reductions behind (a
+#: final norm's weight before the last block's): the run moves on past that next gather too
 SMALL_GATHER_RATIO = 8
 
 
@@ -68,9 +68,9 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
                                     moved_bytes: list[int] | None = None) -> int:
     """Move each run of reductions that precedes an FSDP all-gather in its group to just after the gather.
 
-    A gather carrying less than ``1 / SMALL_GATHER_RATIO`` of the run's payload does not count as the next
-    block: the run, with the reductions that follow that gather, moves on past the next FSDP gather (and so
-    on).  A final norm's 1 KiB gather between the output projection's 4 MiB reduction and the last block's
+    A gather carrying less than ``1 / SMALL_GATHER_RATIO`` of the next FSDP gather's payload does not count as
+    a block: the run, with the reductions between the two, moves on past that next gather (and so on, while
+    the gathers passed stay that small against the one after).  A final norm's 1 KiB gather between the output projection's 4 MiB reduction and the last block's
     re-gather would otherwise leave that re-gather queued behind the reduction.
 
     ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many runs moved ahead of a
@@ -103,12 +103,14 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
                 k += 1
                 continue
             last = k  # the gather the run goes behind
-            while nodes_of[current[last]].comm_bytes * SMALL_GATHER_RATIO < payload:
+            while True:
                 nxt = last + 1
                 while nxt < len(current) and _reduces(nodes_of[current[nxt]]):
                     nxt += 1
                 if nxt == len(current) or not _fsdp_gather(nodes_of[current[nxt]]):
                     break
+                if nodes_of[current[last]].comm_bytes * SMALL_GATHER_RATIO >= nodes_of[current[nxt]].comm_bytes:
+                    break  # a block of its own
                 more = run + current[last + 1:nxt]
                 more_payload = sum(nodes_of[i].comm_bytes for i in more)
                 if max_moved_bytes is not None and more_payload > max_moved_bytes:
