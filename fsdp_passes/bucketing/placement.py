@@ -70,8 +70,9 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
 
     A gather carrying less than ``1 / SMALL_GATHER_RATIO`` of the next FSDP gather's payload does not count as
     a block: the run, with the reductions between the two, moves on past that next gather (and so on, while
-    the gathers passed stay that small against the one after).  A final norm's 1 KiB gather between the output projection's 4 MiB reduction and the last block's
-    re-gather would otherwise leave that re-gather queued behind the reduction.
+    the gathers passed stay that small against the one after).  A final norm's 1 KiB gather between the output
+    projection's 4 MiB reduction and the last block's re-gather would otherwise leave that re-gather queued
+    behind the reduction.
 
     ``dag`` is ``dag_from_fx(graph)``; it is stale afterwards.  Returns how many runs moved ahead of a
     gather.
@@ -116,15 +117,16 @@ def issue_gathers_before_reductions(graph: fx.Graph, dag: Dag, *, max_moved_byte
                 if max_moved_bytes is not None and more_payload > max_moved_bytes:
                     break
                 run, payload, last = more, more_payload, nxt
+            target = nodes_of[current[last]].origin
             passed = {nodes_of[i].origin for i in current[k:last + 1] if i not in run}
-            nodes = _users_before([nodes_of[i].origin for i in run], nodes_of[current[last]].origin, position)
+            nodes = _users_before([nodes_of[i].origin for i in run], target, position)
             if nodes is None or passed.intersection(nodes):
                 k += 1
                 continue
             # the nodes from the first moved one to the gather keep their positions as a set: renumber that span
-            low, high = position[nodes[0]], position[nodes_of[current[last]].origin]
+            low, high = position[nodes[0]], position[target]
             before_span = nodes[0].prev
-            anchor: fx.Node = nodes_of[current[last]].origin
+            anchor: fx.Node = target
             for node in nodes:
                 anchor.append(node)
                 anchor = node

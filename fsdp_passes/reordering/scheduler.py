@@ -119,7 +119,8 @@ class ListScheduler:
         self.blocked: list[tuple[float, int]] = []  # available compute, (release, id)
         self.finishing: list[tuple[float, int]] = []  # pending waits by (collective end, id)
         self.slow: list[tuple[float, int]] = []  # finished pending waits that take compute time
-        # FSDP reductions' waits held until the next block's reduction is issued: that one's id -> the waits
+        # FSDP reductions' waits held until the next block's reduction is issued: that one's id -> the waits;
+        # per wait, whether it was held (for its ``why``)
         self.held_for_next: dict[int, list[int]] = {}
         self.released_by_next = bytearray(n)
         self.filling = False
@@ -555,7 +556,7 @@ class ListScheduler:
             # predicted would block compute that does not need it
             return
         nxt = structure.next_block_reduction[c]
-        if nxt >= 0 and not idle and not self.released_by_next[w] and not self.scheduled[nxt] and self.tree is not None:
+        if nxt >= 0 and not idle and not self.scheduled[nxt] and self.tree is not None:
             # an FSDP reduction's wait waits for the next block's reduction to be issued (a block of slack, as
             # FSDP2 waits on reduce-scatter i when it issues i-1): placed at the predicted finish, a transfer
             # slower than predicted blocks compute; the memory limit still places it earlier (overdue waits)
@@ -567,7 +568,8 @@ class ListScheduler:
             self._place(w)
             if not self.why[w]:
                 if freed and self.released_by_next[w]:
-                    self.why[w] = f"once the next block's reduction was issued (its collective finished): frees {freed} B"
+                    self.why[w] = (f"once the next block's reduction was issued (its collective finished): "
+                                   f"frees {freed} B")
                 elif freed:
                     self.why[w] = f"when its collective finished: frees {freed} B"
                 elif idle:

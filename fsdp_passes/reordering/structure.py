@@ -36,7 +36,8 @@ class Structure:
     preds / succs: the DAG's edges plus the implicit collective -> wait edge when a builder left it out (the
     DAG's own lists where nothing is added: read only).
     group: stream key of a collective; seq: per group, its collectives in issue order; seq_pos: index of a
-    collective in its group's sequence.  next_block_reduction: for an FSDP-like reduction, the group's first after its next gather.
+    collective in its group's sequence.  next_block_reduction: for an FSDP-like reduction, the group's first
+    FSDP-like reduction after its next FSDP-like gather.
     fsdp / fence: FSDP-like collectives (may be prefetched) and those of a kind not ``movable``
     (``CollectiveOp.OTHER``: never moved, no collective is moved across them).
     computes / collectives / fences: ids of each class, ascending.

@@ -32,6 +32,12 @@ def _sequence(gm):
     return [dag[i].collective for i in seq]
 
 
+def _sequence_with_bytes(gm):
+    dag = dag_from_fx(gm)
+    ((_, seq),) = dag.group_sequences().items()
+    return [("AG" if dag[i].collective is CollectiveOp.ALL_GATHER else "RS", dag[i].comm_bytes) for i in seq]
+
+
 def _copy(gm):
     import copy
 
@@ -97,21 +103,16 @@ def test_a_small_gather_between_a_reduction_and_the_next_block_is_passed_too(pro
     per_layer = 4 * (dim * dim + dim * dim // 2 * 2 + dim * dim + 3 * dim * ffn + 2 * dim)  # q, k+v, o, ffn, 2 norms
     out_b, norm_b = 4 * vocab * dim, 4 * dim
 
-    def sequence(gm):
-        dag = dag_from_fx(gm)
-        ((_, seq),) = dag.group_sequences().items()
-        return [("AG" if dag[i].collective is CollectiveOp.ALL_GATHER else "RS", dag[i].comm_bytes) for i in seq]
-
     plain = _copy(backward)
     bucket_graph(plain, Options(**plan, reorder=False))
-    assert sequence(plain)[:5] == [("AG", out_b), ("RS", out_b), ("AG", norm_b), ("RS", norm_b),
+    assert _sequence_with_bytes(plain)[:5] == [("AG", out_b), ("RS", out_b), ("AG", norm_b), ("RS", norm_b),
                                    ("AG", per_layer)]
     placed = _copy(backward)
     bucket_graph(placed, Options(**plan, reorder=True))
     placed.graph.lint()
-    assert sequence(placed)[:7] == [("AG", out_b), ("AG", norm_b), ("AG", per_layer), ("RS", out_b),
+    assert _sequence_with_bytes(placed)[:7] == [("AG", out_b), ("AG", norm_b), ("AG", per_layer), ("RS", out_b),
                                     ("RS", norm_b), ("AG", per_layer), ("RS", per_layer)]
-    assert sorted(sequence(placed)) == sorted(sequence(plain))
+    assert sorted(_sequence_with_bytes(placed)) == sorted(_sequence_with_bytes(plain))
 
 
 def test_unbucketed_gathers_of_a_block_each_count_as_a_block(process_group):
@@ -119,22 +120,18 @@ def test_unbucketed_gathers_of_a_block_each_count_as_a_block(process_group):
     reduce-scatter passes the norm's tiny gather and the last block's first gather, not the whole block."""
     from fsdp_passes.testing import build_llama
 
-    model = build_llama(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab=4096, seq_len=16)  # output 1 MiB, 16-32 KiB per block weight
+    model = build_llama(n_layers=2, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab=4096,
+                        seq_len=16)  # output 1 MiB, 16-32 KiB per block weight
     backward = capture_fx_graphs(model, *example_inputs(model, batch=2)).backward
-
-    def sequence(gm):
-        dag = dag_from_fx(gm)
-        ((_, seq),) = dag.group_sequences().items()
-        return [("AG" if dag[i].collective is CollectiveOp.ALL_GATHER else "RS", dag[i].comm_bytes) for i in seq]
 
     plain = _copy(backward)
     bucket_graph(plain, Options(bucketing="none", reorder=False, memory_budget="100%"))
-    before = sequence(plain)
+    before = _sequence_with_bytes(plain)
     gathers = [item for item in before if item[0] == "AG"]
     out_b, norm_b = 4 * 4096 * 64, 4 * 64
     assert before[:4] == [("AG", out_b), ("RS", out_b), ("AG", norm_b), ("RS", norm_b)]
     assert gathers[2][1] > 8 * norm_b  # the last block's first gather is a block of its own
     placed = _copy(backward)
     bucket_graph(placed, Options(bucketing="none", reorder=True, memory_budget="100%"))
-    after = sequence(placed)
+    after = _sequence_with_bytes(placed)
     assert after[:5] == [("AG", out_b), ("AG", norm_b), gathers[2], ("RS", out_b), ("RS", norm_b)], after[:8]
